@@ -1,0 +1,52 @@
+"""Phalanx placement engine: pure Python + OR-Tools CP-SAT, no Kubernetes imports."""
+
+from solver.model import (
+    Assignment,
+    ClusterSnapshot,
+    DeviceAssignment,
+    EqGroup,
+    GangName,
+    GangPlan,
+    GangRequest,
+    GpuDemand,
+    GpuDevice,
+    GpuKind,
+    MigSlice,
+    Node,
+    NodeName,
+    Outcome,
+    PlanResult,
+    PodShape,
+    Resources,
+    Slice,
+    SolveStatus,
+    TopologyRequest,
+)
+from solver.params import PlacementMode, SolverParams
+from solver.plan import plan
+
+__all__ = [
+    "Assignment",
+    "ClusterSnapshot",
+    "DeviceAssignment",
+    "EqGroup",
+    "GangName",
+    "GangPlan",
+    "GangRequest",
+    "GpuDemand",
+    "GpuDevice",
+    "GpuKind",
+    "MigSlice",
+    "Node",
+    "NodeName",
+    "Outcome",
+    "PlacementMode",
+    "PlanResult",
+    "PodShape",
+    "Resources",
+    "Slice",
+    "SolveStatus",
+    "SolverParams",
+    "TopologyRequest",
+    "plan",
+]

@@ -1,0 +1,190 @@
+"""How many pods of one shape fit on one node, and which devices they take.
+
+`NodeState` is the mutable free capacity of one node during a solve (the greedy baseline and
+the device phase consume from it); `capacity()` answers "how many pods of this shape fit" in
+constant time per device. For a single shape the answer is exact, which is what makes the
+aggregated CP-SAT model exact for single-group gangs: whole GPUs count idle devices, shares
+count per-device fits, MIG counts free slices of the profile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solver.model import FULL_SHARE, DeviceAssignment, GpuKind, Node, PodShape
+
+UNLIMITED = 1 << 30
+
+
+@dataclass(slots=True)
+class DeviceState:
+    index: int
+    model: str
+    memory_mib: int
+    free_milli: int
+    free_memory_mib: int
+    mig: dict[str, int]
+
+    @property
+    def idle(self) -> bool:
+        return (
+            not self.mig
+            and self.free_milli == FULL_SHARE
+            and self.free_memory_mib == self.memory_mib
+        )
+
+    def share_fits(self, milli: int, memory_mib: int) -> int:
+        """How many (milli, memory) shares still fit on this device."""
+        if self.mig or (self.free_milli <= 0 and milli > 0):
+            return 0
+        by_share = self.free_milli // milli if milli else UNLIMITED
+        by_memory = self.free_memory_mib // memory_mib if memory_mib else UNLIMITED
+        if not milli and not memory_mib:
+            return 0
+        return max(0, min(by_share, by_memory))
+
+
+class NodeState:
+    """Free capacity of one node that a solve consumes step by step."""
+
+    __slots__ = ("cpu", "devices", "extended", "memory", "name", "pods")
+
+    def __init__(self, node: Node) -> None:
+        free = node.free
+        self.name = node.name
+        self.cpu = free.cpu_milli
+        self.memory = free.memory_mib
+        self.pods = free.pods
+        self.extended = dict(free.extended)
+        self.devices = [
+            DeviceState(
+                d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib,
+                {s.profile: s.free for s in d.mig},
+            )
+            for d in node.gpus
+        ]
+
+    def scalar_fit(self, shape: PodShape) -> int:
+        req = shape.requests
+        fit = UNLIMITED
+        if req.cpu_milli > 0:
+            fit = min(fit, self.cpu // req.cpu_milli)
+        if req.memory_mib > 0:
+            fit = min(fit, self.memory // req.memory_mib)
+        if req.pods > 0:
+            fit = min(fit, self.pods // req.pods)
+        for key, value in req.extended:
+            if value > 0:
+                fit = min(fit, self.extended.get(key, 0) // value)
+        return max(0, fit)
+
+    def _devices_for(self, shape: PodShape) -> list[DeviceState]:
+        models = shape.gpu_models
+        if models is None:
+            return self.devices
+        return [d for d in self.devices if d.model in models]
+
+    def gpu_fit(self, shape: PodShape) -> int:
+        demand = shape.gpu
+        kind = demand.kind
+        if kind is GpuKind.NONE:
+            return UNLIMITED
+        devices = self._devices_for(shape)
+        if kind is GpuKind.WHOLE:
+            return sum(1 for d in devices if d.idle) // demand.count
+        if kind is GpuKind.MIG:
+            return sum(d.mig.get(demand.mig_profile, 0) for d in devices) // demand.count
+        fits = [d.share_fits(demand.milli, demand.memory_mib) for d in devices]
+        return _multi_device_fit(fits, demand.count)
+
+    def capacity(self, shape: PodShape) -> int:
+        """Pods of `shape` that fit on this node as it is now."""
+        return min(self.scalar_fit(shape), self.gpu_fit(shape))
+
+    def take(self, shape: PodShape, *, spread: bool = False) -> tuple[DeviceAssignment, ...] | None:
+        """Consume one pod of `shape`; returns its devices, or None (nothing changed) if it
+        does not fit. Shares go best-fit (fullest device that fits) unless `spread`."""
+        if self.capacity(shape) < 1:
+            return None
+        devices = self._pick_devices(shape, spread=spread)
+        req = shape.requests
+        self.cpu -= req.cpu_milli
+        self.memory -= req.memory_mib
+        self.pods -= req.pods
+        for key, value in req.extended:
+            self.extended[key] = self.extended.get(key, 0) - value
+        return devices
+
+    def _pick_devices(self, shape: PodShape, *, spread: bool) -> tuple[DeviceAssignment, ...]:
+        demand = shape.gpu
+        kind = demand.kind
+        if kind is GpuKind.NONE:
+            return ()
+        devices = self._devices_for(shape)
+        if kind is GpuKind.WHOLE:
+            chosen = [d for d in devices if d.idle][: demand.count]
+            for d in chosen:
+                d.free_milli, d.free_memory_mib = 0, 0
+            return tuple(DeviceAssignment(d.index, FULL_SHARE, d.memory_mib) for d in chosen)
+        if kind is GpuKind.MIG:
+            return self._pick_mig(devices, demand.mig_profile, demand.count)
+        fitting = [d for d in devices if d.share_fits(demand.milli, demand.memory_mib) > 0]
+        # Best fit: fullest device first keeps idle devices whole for whole-GPU pods.
+        fitting.sort(key=lambda d: (d.idle, d.free_milli, d.free_memory_mib, d.index))
+        if spread:
+            fitting.sort(key=lambda d: (-d.free_milli, -d.free_memory_mib, d.index))
+        out = []
+        for d in fitting[: demand.count]:
+            d.free_milli -= demand.milli
+            d.free_memory_mib -= demand.memory_mib
+            out.append(DeviceAssignment(d.index, demand.milli, demand.memory_mib))
+        return tuple(out)
+
+    @staticmethod
+    def _pick_mig(devices: list[DeviceState], profile: str, count: int) -> tuple[DeviceAssignment, ...]:
+        out: list[DeviceAssignment] = []
+        # Fewest free slices first: keeps whole partitions free elsewhere.
+        for d in sorted(devices, key=lambda d: (d.mig.get(profile, 0), d.index)):
+            while d.mig.get(profile, 0) > 0 and len(out) < count:
+                d.mig[profile] -= 1
+                out.append(DeviceAssignment(d.index, 0, 0, profile))
+        return tuple(out)
+
+    def idle_gpus(self) -> int:
+        return sum(1 for d in self.devices if d.idle)
+
+    def free_share(self) -> int:
+        return sum(d.free_milli for d in self.devices if not d.mig)
+
+
+def _multi_device_fit(fits: list[int], per_pod: int) -> int:
+    """Pods needing `per_pod` distinct devices each, given per-device fits: the largest t
+    with sum(min(fit, t)) >= per_pod * t."""
+    if per_pod == 1:
+        return sum(fits)
+    t = sum(fits) // per_pod
+    while t > 0 and sum(min(f, t) for f in fits) < per_pod * t:
+        t -= 1
+    return t
+
+
+def eligible(node: Node, shape: PodShape) -> bool:
+    """Static eligibility (not capacity): cordon, allowed set, GPU model."""
+    if node.unschedulable:
+        return False
+    if shape.allowed_nodes is not None and node.name not in shape.allowed_nodes:
+        return False
+    if shape.gpu.count and shape.gpu_models is not None:
+        return any(d.model in shape.gpu_models for d in node.gpus)
+    return True
+
+
+def clone_state(state: NodeState) -> NodeState:
+    twin = NodeState.__new__(NodeState)
+    twin.name, twin.cpu, twin.memory, twin.pods = state.name, state.cpu, state.memory, state.pods
+    twin.extended = dict(state.extended)
+    twin.devices = [
+        DeviceState(d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib, dict(d.mig))
+        for d in state.devices
+    ]
+    return twin

@@ -1,0 +1,177 @@
+"""Bound-guided placement: the CP-SAT hint, and the floors that prove a plan optimal.
+
+`floors()` gives, per counted level, the fewest domains of that level any placement of the
+gang can use (largest capacities first, in the best domain of the required level). They
+are valid lower bounds for every gang, exact for single-group gangs at the coarsest
+counted level.
+
+`compact_gang()` places a gang level by level from the coarsest counted level: in each
+candidate domain of the required level, take the largest domains of that level first and
+the last one tightest-fit, then recurse into the next counted level inside each. It meets
+the floor at the coarsest counted level by construction; when it meets every floor the
+plan is optimal and needs no search (`plan()` says "proven by bound").
+"""
+
+from __future__ import annotations
+
+from solver.greedy import Member, Selection, _pick_nodes, domain_caps, live_caps
+from solver.ledger import Ledger
+from solver.problem import GangProblem, Problem
+from solver.topology import TopologyIndex
+
+
+def fewest_to_hold(caps: list[int], need: int) -> int | None:
+    """Least number of capacities (largest first) summing to `need`; None if all fall short."""
+    if need <= 0:
+        return 0
+    total = 0
+    for k, c in enumerate(sorted(caps, reverse=True), start=1):
+        total += c
+        if total >= need:
+            return k
+    return None
+
+
+def scopes(topo: TopologyIndex, gp: GangProblem) -> list[list[int]]:
+    """Root domains a whole placement must stay inside: each domain of the required level
+    alone, or all top-level domains together ([-1] stands for a cluster without levels)."""
+    if 0 <= gp.required_level < topo.above:
+        return [[d] for d in topo.levels_of[gp.required_level]]
+    return [topo.levels_of[0] if topo.above else [-1]]
+
+
+def domains_at(topo: TopologyIndex, roots: list[int], level: int) -> list[int]:
+    """Domains of `level` under `roots`; for the host level, units (their nodes follow)."""
+    out: list[int] = []
+    stack = list(reversed(roots))
+    while stack:
+        d = stack.pop()
+        if d < 0:
+            return [-1]
+        dom = topo.domains[d]
+        if dom.level == level:
+            out.append(d)
+        elif dom.level < level:
+            stack.extend(reversed(dom.children))
+    return out
+
+
+def nodes_under(topo: TopologyIndex, roots: list[int]) -> list[int]:
+    return [n for u in domains_at(topo, roots, topo.above - 1 if topo.above else 0) for n in topo.unit_nodes(u)]
+
+
+def scope_floors(topo: TopologyIndex, gp: GangProblem) -> list[tuple[list[int], dict[int, int] | None]]:
+    """Per scope, the fewest domains of each counted level that hold the gang's quorum
+    (largest capacities first); None for a scope that cannot hold it at all."""
+    need = gp.request.quorum
+    node_caps: dict[int, int] = {}
+    for group in gp.groups:
+        for n, c in group.node_caps.items():
+            node_caps[n] = node_caps.get(n, 0) + c
+    totals = domain_caps(topo, gp, node_caps)
+    out: list[tuple[list[int], dict[int, int] | None]] = []
+    for roots in scopes(topo, gp):
+        here: dict[int, int] = {}
+        for level in gp.counted_levels:
+            if level == topo.host_level:
+                caps = [node_caps[n] for n in nodes_under(topo, roots) if n in node_caps]
+            else:
+                caps = [totals.get(d, 0) for d in domains_at(topo, roots, level)]
+            least = fewest_to_hold(caps, need)
+            if least is None:
+                break
+            here[level] = least
+        out.append((roots, here if len(here) == len(gp.counted_levels) else None))
+    return out
+
+
+def floors(topo: TopologyIndex, gp: GangProblem) -> dict[int, int] | None:
+    """Per counted level, the fewest domains any placement of the gang can use."""
+    feasible = [f for _, f in scope_floors(topo, gp) if f is not None]
+    if not feasible:
+        return None
+    return {lv: min(f[lv] for f in feasible) for lv in gp.counted_levels}
+
+
+def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[Member] | None:
+    """Single-group gangs level by level (see module doc); others fall back to None."""
+    if len(gp.groups) != 1 or gp.required_level == topo.host_level:
+        return None
+    caps = gp.groups[0]
+    live = live_caps(caps, ledger)
+    need = caps.count
+    dcaps = domain_caps(topo, gp, live)
+    best: tuple[tuple[int, ...], Selection] | None = None
+    # Slice levels are walked too, so every slice lands whole inside one domain.
+    levels = sorted({*gp.counted_levels, *(lv for lv, _ in gp.slices), topo.host_level})
+    for roots in scopes(topo, gp):
+        selection = _cover(topo, levels, roots, 0, need, dcaps, live)
+        if selection is None:
+            continue
+        score = _counts(topo, gp, selection)
+        if best is None or score < best[0]:
+            best = (score, selection)
+    if best is None:
+        return None
+    ledger.begin()
+    members = []
+    for node, pods in best[1]:
+        for _ in range(pods):
+            devices = ledger.take(node, caps.shape)
+            if devices is None:
+                ledger.rollback()
+                return None
+            members.append(Member(caps.group, node, devices))
+    ledger.commit()
+    return members
+
+
+def _cover(
+    topo: TopologyIndex, levels: list[int], roots: list[int], depth: int, need: int,
+    dcaps: dict[int, int], live: dict[int, int],
+) -> Selection | None:
+    """`need` pods under `roots`, using as few domains of `levels[depth]` as possible."""
+    level = levels[depth]
+    if level == topo.host_level:
+        return _pick_nodes([n for n in nodes_under(topo, roots) if n in live], need, live)
+    pool = sorted((d for d in domains_at(topo, roots, level) if dcaps.get(d, 0) > 0), key=lambda d: -dcaps[d])
+    out: Selection = []
+    remaining = need
+    while remaining > 0 and pool:
+        if dcaps[pool[0]] >= remaining:
+            j = len(pool) - 1
+            while dcaps[pool[j]] < remaining:
+                j -= 1
+            chosen, amount = pool.pop(j), remaining
+        else:
+            chosen = pool.pop(0)
+            amount = dcaps[chosen]
+        part = _cover(topo, levels, [chosen], depth + 1, amount, dcaps, live)
+        if part is None:
+            return None
+        out.extend(part)
+        remaining -= amount
+    return out if remaining == 0 else None
+
+
+def _counts(topo: TopologyIndex, gp: GangProblem, selection: Selection) -> tuple[int, ...]:
+    """Domains used per counted level, coarsest first (the lexicographic compactness)."""
+    per_level: dict[int, set[int]] = {lv: set() for lv in gp.counted_levels}
+    for node, _ in selection:
+        path = topo.path_of_node(node)
+        for lv in gp.counted_levels:
+            per_level[lv].add(node if lv == topo.host_level else path[lv])
+    return tuple(len(per_level[lv]) for lv in gp.counted_levels)
+
+
+def compact(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
+    """Every gang by `compact_gang`, else by the greedy baseline, in priority order."""
+    from solver.greedy import place_gang
+
+    placed: dict[int, list[Member]] = {}
+    order = sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
+    for gp in order:
+        members = compact_gang(problem.topo, gp, ledger) or place_gang(problem.topo, gp, ledger)
+        if members is not None:
+            placed[gp.index] = members
+    return placed

@@ -1,0 +1,93 @@
+"""Why a gang was not placed, in words a user understands.
+
+Checks run from the most basic to the most specific and the first that binds is reported:
+eligibility, total capacity, slice divisibility, the required level, slices per domain, and
+finally competition with other gangs in the same solve. Reason prefixes are stable constants
+(tests and the extender match on them).
+"""
+
+from __future__ import annotations
+
+from solver.greedy import domain_caps
+from solver.model import GpuKind, PodShape
+from solver.problem import GangProblem, GroupCaps
+from solver.topology import TopologyIndex
+
+NO_ELIGIBLE_NODE = "no eligible node"
+NOT_ENOUGH_CAPACITY = "not enough capacity"
+SLICE_MISMATCH = "gang size is not a multiple of its slice size"
+REQUIRED_TOPOLOGY = "required topology does not fit"
+SLICES_DO_NOT_FIT = "slices do not fit"
+TAKEN_BY_OTHERS = "capacity taken by other gangs in this plan"
+
+
+def unit_of_demand(shape: PodShape) -> tuple[str, float]:
+    """How to count one pod's demand in messages: ('GPUs', n), ('MIG <p> slices', n) or pods."""
+    gpu = shape.gpu
+    if gpu.kind is GpuKind.WHOLE or gpu.kind is GpuKind.SHARE:
+        return "GPUs", gpu.gpus
+    if gpu.kind is GpuKind.MIG:
+        return f"MIG {gpu.mig_profile} slices", float(gpu.count)
+    return "pods", 1.0
+
+
+def _amount(caps: GroupCaps, pods: int) -> str:
+    unit, per_pod = unit_of_demand(caps.shape)
+    value = pods * per_pod
+    text = f"{value:g}"
+    return f"{text} {unit}" if unit != "pods" else f"{pods} pods"
+
+
+def explain(topo: TopologyIndex, gp: GangProblem) -> str:
+    """The binding constraint for an unplaced gang (capacities as prepared from the snapshot)."""
+    req = gp.request
+    need_total = req.quorum
+    fit_total = 0
+    for caps in gp.groups:
+        if not caps.node_caps:
+            return (
+                f"{NO_ELIGIBLE_NODE}: group {req.groups[caps.group].name!r} fits no node "
+                "(eligibility, GPU model or per-node capacity)"
+            )
+        fit_total += min(caps.count, caps.total)
+        if caps.total < caps.count and req.quorum >= req.count:
+            return (
+                f"{NOT_ENOUGH_CAPACITY}: group {req.groups[caps.group].name!r} needs {_amount(caps, caps.count)} "
+                f"({caps.count} pods); eligible nodes have room for {_amount(caps, caps.total)}"
+            )
+    if fit_total < need_total:
+        return f"{NOT_ENOUGH_CAPACITY}: only {fit_total} of {req.count} members fit (minCount {need_total})"
+    for level, size in gp.slices:
+        if need_total % size:
+            return f"{SLICE_MISMATCH}: {need_total} members in slices of {size} per {topo.levels[level]}"
+    for caps in gp.groups:
+        reason = _topology_reason(topo, gp, caps)
+        if reason:
+            return reason
+    return f"{TAKEN_BY_OTHERS}: it fits the free capacity alone, but not next to higher-priority or earlier gangs"
+
+
+def _topology_reason(topo: TopologyIndex, gp: GangProblem, caps: GroupCaps) -> str:
+    need = caps.count if gp.request.quorum >= gp.request.count else min(caps.count, gp.request.quorum)
+    dcaps = domain_caps(topo, gp, caps.node_caps)
+    for level, size in gp.slices:
+        total = sum(dcaps.get(d, 0) for d in topo.levels_of[level])
+        if total < need:
+            return (
+                f"{SLICES_DO_NOT_FIT}: needs {need // size} slices of {size} pods, each within one "
+                f"{topo.levels[level]}; the {topo.levels[level]}s hold {total // size} such slices"
+            )
+    level = gp.required_level
+    if level < 0:
+        return ""
+    name = topo.levels[level]
+    if level == topo.host_level:
+        best = max(caps.node_caps.values(), default=0)
+    else:
+        best = max((dcaps.get(d, 0) for d in topo.levels_of[level]), default=0)
+    if best < need:
+        return (
+            f"{REQUIRED_TOPOLOGY}: needs {_amount(caps, need)} within one {name}; "
+            f"the largest {name} has {_amount(caps, best)} free"
+        )
+    return ""

@@ -1,0 +1,204 @@
+"""Greedy baseline: Kueue-style BestFit per topology level.
+
+Used three ways: as the plan when CP-SAT finds nothing in time (fallback), as the CP-SAT hint,
+and as the comparison in tests and benchmarks ("the solver is at least as compact").
+
+Per gang, in priority order:
+1. Pick the starting domain: with a required level, the tightest domain of that level that
+   holds the gang; otherwise the tightest domain at the preferred level, moving one level up
+   each time none holds it; above the top level the gang spreads over top-level domains.
+2. Descend: if one child holds what is left, take the tightest such child; otherwise take
+   the largest child and repeat. Capacities are counted in whole slices when slices apply.
+3. Inside a unit, nodes go largest capacity first, the last one tightest-fit; equal
+   capacities go fuller node first (CompactFirst) and then higher preference.
+A gang that does not fit in full tries its quorum (minCount); otherwise it is rolled back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solver.ledger import Ledger
+from solver.model import DeviceAssignment
+from solver.problem import GangProblem, GroupCaps, Problem
+from solver.topology import TopologyIndex
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    group: int
+    node: int
+    devices: tuple[DeviceAssignment, ...]
+
+
+Selection = list[tuple[int, int]]  # (node index, pods)
+
+
+def greedy(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
+    """Place gangs one after another (priority, then size, then name); returns placed ones."""
+    placed: dict[int, list[Member]] = {}
+    order = sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
+    for gp in order:
+        members = place_gang(problem.topo, gp, ledger)
+        if members is not None:
+            placed[gp.index] = members
+    return placed
+
+
+def place_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[Member] | None:
+    for counts in _targets(gp):
+        ledger.begin()
+        members = _place_counts(topo, gp, counts, ledger)
+        if members is not None:
+            ledger.commit()
+            return members
+        ledger.rollback()
+    return None
+
+
+def _targets(gp: GangProblem) -> list[list[int]]:
+    """Full gang first, then the quorum (trimming the last groups first)."""
+    full = [g.count for g in gp.groups]
+    out = [full]
+    quorum = gp.request.quorum
+    if quorum < sum(full):
+        cut, trimmed = sum(full) - quorum, list(full)
+        for i in reversed(range(len(trimmed))):
+            take = min(cut, trimmed[i])
+            trimmed[i] -= take
+            cut -= take
+        out.append(trimmed)
+    return out
+
+
+def _place_counts(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledger: Ledger) -> list[Member] | None:
+    members: list[Member] = []
+    scope = None
+    for caps, need in zip(gp.groups, counts, strict=True):
+        if need == 0:
+            continue
+        live = live_caps(caps, ledger)
+        selection = select(topo, gp, live, need, scope)
+        if selection is None:
+            return None
+        if gp.required_level >= 0 and scope is None and gp.required_level < topo.host_level:
+            # Later groups stay inside the domain the first group chose.
+            scope = topo.ancestor(topo.unit_of[selection[0][0]], gp.required_level)
+        for node, pods in selection:
+            for _ in range(pods):
+                devices = ledger.take(node, caps.shape)
+                if devices is None:
+                    return None
+                members.append(Member(caps.group, node, devices))
+    return members
+
+
+def live_caps(caps: GroupCaps, ledger: Ledger) -> dict[int, int]:
+    out = {}
+    step = caps.host_slice
+    for node, prepared in caps.node_caps.items():
+        c = ledger.capacity(node, caps.shape, prepared)
+        c -= c % step
+        if c > 0:
+            out[node] = c
+    return out
+
+
+def domain_caps(topo: TopologyIndex, gp: GangProblem, live: dict[int, int]) -> dict[int, int]:
+    """Pods per domain (every level above hosts), counted in whole slices where slices apply."""
+    slice_at = dict(gp.slices)
+    caps: dict[int, int] = {}
+    for node, c in live.items():
+        unit = topo.unit_of[node]
+        if unit >= 0:
+            caps[unit] = caps.get(unit, 0) + c
+    for level in range(topo.above - 1, -1, -1):
+        size = slice_at.get(level, 1)
+        for d in topo.levels_of[level]:
+            if level < topo.above - 1:
+                caps[d] = sum(caps.get(c, 0) for c in topo.domains[d].children)
+            if size > 1 and d in caps:
+                caps[d] -= caps[d] % size
+    return caps
+
+
+def select(
+    topo: TopologyIndex, gp: GangProblem, live: dict[int, int], need: int, scope: int | None = None
+) -> Selection | None:
+    """Nodes and pod counts for `need` pods of one group, or None."""
+    if any(need % size for _, size in gp.slices):
+        return None
+    caps = domain_caps(topo, gp, live)
+
+    def fits(d: int) -> bool:
+        return caps.get(d, 0) >= need
+
+    if scope is not None:
+        return _descend(topo, scope, need, caps, live, gp) if fits(scope) else None
+    if gp.required_level == topo.host_level:
+        return _pick_nodes(list(live), need, live, single=True)
+    if gp.required_level >= 0:
+        start, stop = gp.required_level, gp.required_level
+    else:
+        start, stop = min(gp.counted_levels[0], topo.above), 0
+    if start >= topo.above:  # host-level start: one pool of nodes
+        return _pick_nodes(list(live), need, live)
+    for level in range(start, stop - 1, -1):
+        candidates = [d for d in topo.levels_of[level] if fits(d)]
+        if candidates:
+            best = min(candidates, key=lambda d: (caps[d], topo.domains[d].path))
+            return _descend(topo, best, need, caps, live, gp)
+    if gp.required_level >= 0:
+        return None
+    return _spread(topo, topo.levels_of[0], need, caps, live, gp)
+
+
+def _descend(
+    topo: TopologyIndex, d: int, need: int, caps: dict[int, int], live: dict[int, int], gp: GangProblem
+) -> Selection | None:
+    domain = topo.domains[d]
+    if domain.level == topo.above - 1:
+        return _pick_nodes([n for n in domain.nodes if n in live], need, live)
+    return _spread(topo, domain.children, need, caps, live, gp)
+
+
+def _spread(
+    topo: TopologyIndex, children: list[int], need: int, caps: dict[int, int], live: dict[int, int], gp: GangProblem
+) -> Selection | None:
+    pool = sorted((c for c in children if caps.get(c, 0) > 0), key=lambda c: (-caps[c], topo.domains[c].path))
+    out: Selection = []
+    remaining = need
+    while remaining > 0 and pool:
+        fitting = [c for c in pool if caps[c] >= remaining]
+        child = min(fitting, key=lambda c: (caps[c], topo.domains[c].path)) if fitting else pool[0]
+        pool.remove(child)
+        amount = min(caps[child], remaining)
+        part = _descend(topo, child, amount, caps, live, gp)
+        if part is None:
+            return None
+        out.extend(part)
+        remaining -= amount
+    return out if remaining == 0 else None
+
+
+def _pick_nodes(nodes: list[int], need: int, live: dict[int, int], *, single: bool = False) -> Selection | None:
+    """Largest capacity first, the last node tightest-fit; `single`: all on one node."""
+    fitting = [n for n in nodes if live[n] >= need]
+    if single:
+        return [(min(fitting, key=lambda n: (live[n], n)), need)] if fitting else None
+    pool = sorted(nodes, key=lambda n: (-live[n], n))
+    out: Selection = []
+    remaining = need
+    i = 0
+    while remaining > 0 and i < len(pool):
+        if live[pool[i]] >= remaining:
+            # Tightest node that holds the rest: scan from the small end of the sorted pool.
+            j = len(pool) - 1
+            while live[pool[j]] < remaining:
+                j -= 1
+            out.append((pool[j], remaining))
+            return out
+        out.append((pool[i], live[pool[i]]))
+        remaining -= live[pool[i]]
+        i += 1
+    return out if remaining == 0 else None

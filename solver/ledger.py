@@ -1,0 +1,62 @@
+"""Capacity consumed during one solve, node by node, with all-or-nothing transactions.
+
+Only nodes a plan touches get a mutable `NodeState`; every other node answers from the
+capacities prepared from the snapshot. A gang is placed inside a transaction and rolled back
+whole if any member does not fit, so a solve never leaves a gang half-placed.
+"""
+
+from __future__ import annotations
+
+from solver.capacity import NodeState, clone_state
+from solver.model import FULL_SHARE, ClusterSnapshot, DeviceAssignment, PodShape
+
+
+class Ledger:
+    def __init__(self, snapshot: ClusterSnapshot, *, spread: bool = False) -> None:
+        self.nodes = snapshot.nodes
+        self.spread = spread
+        self.states: dict[int, NodeState] = {}
+        self._saved: dict[int, NodeState | None] | None = None
+
+    def capacity(self, node: int, shape: PodShape, prepared: int) -> int:
+        """Pods of `shape` that still fit; `prepared` is the snapshot-time answer."""
+        state = self.states.get(node)
+        return prepared if state is None else min(prepared, state.capacity(shape))
+
+    def fullness(self, node: int) -> tuple[int, int]:
+        """Sort key that puts fuller nodes first: (idle GPUs, free share)."""
+        state = self.states.get(node)
+        if state is not None:
+            return state.idle_gpus(), state.free_share()
+        gpus = self.nodes[node].gpus
+        return (
+            sum(1 for d in gpus if d.is_idle),
+            sum(d.free_milli for d in gpus if not d.is_mig),
+        )
+
+    def take(self, node: int, shape: PodShape) -> tuple[DeviceAssignment, ...] | None:
+        state = self.states.get(node)
+        if self._saved is not None and node not in self._saved:
+            self._saved[node] = None if state is None else clone_state(state)
+        if state is None:
+            state = self.states[node] = NodeState(self.nodes[node])
+        return state.take(shape, spread=self.spread)
+
+    def begin(self) -> None:
+        self._saved = {}
+
+    def commit(self) -> None:
+        self._saved = None
+
+    def rollback(self) -> None:
+        assert self._saved is not None, "rollback outside a transaction"
+        for node, saved in self._saved.items():
+            if saved is None:
+                self.states.pop(node, None)
+            else:
+                self.states[node] = saved
+        self._saved = None
+
+
+def is_whole(devices: tuple[DeviceAssignment, ...]) -> bool:
+    return all(d.milli == FULL_SHARE and not d.mig_profile for d in devices)

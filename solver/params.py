@@ -1,0 +1,26 @@
+"""Solver parameters, resolved from configuration at the edge (no feature flags inside)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class PlacementMode(enum.Enum):
+    """GPUPool placement mode: bin-pack partly used GPUs and nodes, or spread over idle ones."""
+
+    COMPACT_FIRST = "CompactFirst"
+    LOW_LOAD_FIRST = "LowLoadFirst"
+
+
+@dataclass(frozen=True, slots=True)
+class SolverParams:
+    # CP-SAT wall-clock limit per solve; past it the best feasible plan (or the greedy plan) is used.
+    time_limit_s: float = 2.0
+    # CP-SAT search workers; 2 matches the 2-core machines this runs on.
+    workers: int = 2
+    # Fixed seed: the same input gives the same plan.
+    seed: int = 0
+    placement_mode: PlacementMode = PlacementMode.COMPACT_FIRST
+    # Skip CP-SAT when the greedy plan already meets the lower bound of every counted level.
+    bound_shortcut: bool = True

@@ -1,0 +1,217 @@
+"""The solver's one entry point: `plan(snapshot, requests, params=...) -> PlanResult`.
+
+Algorithm, in phases:
+0. Prepare: the topology tree (zones > blocks > racks > hosts) and, per gang group, the exact
+   number of pods that fit on each node and each unit (rack).
+1. Greedy: Kueue-style BestFit per level (`greedy.py`). Its plan is the CP-SAT hint and the
+   fallback.
+2. Domains: the aggregated CP-SAT model (`cpsat.py`) chooses, for all gangs at once, which
+   gangs are placed and how many pods of each group go to each unit, minimising domains used
+   per level from the coarsest, then hosts. A time limit always applies.
+3. Nodes and devices: inside each chosen unit, nodes largest capacity first (least hosts), the
+   last one tightest-fit; devices best-fit (`capacity.py`). A unit where the relaxation of
+   shared capacity was too loose is repaired by re-placing that gang greedily.
+4. Ranks: members of each group sorted by topology path, so ranks are contiguous inside
+   domains and slices of consecutive ranks fall inside one domain.
+5. Validate the plan independently (`validate.py`); an invalid plan is never returned: the
+   greedy plan replaces it, and an invalid greedy plan places nothing.
+Unplaced gangs carry the binding constraint in words (`explain.py`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from solver.compact import compact, floors
+from solver.cpsat import DomainModel, DomainSolution
+from solver.explain import explain
+from solver.greedy import Member, _pick_nodes, greedy, live_caps, place_gang
+from solver.ledger import Ledger
+from solver.model import (
+    Assignment,
+    ClusterSnapshot,
+    GangName,
+    GangPlan,
+    GangRequest,
+    Outcome,
+    PlanResult,
+    SolveStatus,
+)
+from solver.objective import compactness, domains_used
+from solver.params import PlacementMode, SolverParams
+from solver.problem import Problem, prepare
+from solver.topology import TopologyIndex
+from solver.validate import validate
+
+log = structlog.get_logger("phalanx.solver")
+
+Placement = dict[int, list[Member]]
+DEFAULT_PARAMS = SolverParams()
+
+
+def plan(
+    snapshot: ClusterSnapshot,
+    requests: Sequence[GangRequest],
+    *,
+    params: SolverParams = DEFAULT_PARAMS,
+    topology: TopologyIndex | None = None,
+) -> PlanResult:
+    """Plan every gang (single pods are gangs of one) against one snapshot, all-or-nothing per
+    gang. `topology` may be passed in when the caller caches it per snapshot generation."""
+    started = time.perf_counter()
+    requests = list(requests)
+    topo = topology or TopologyIndex(snapshot)
+    problem = prepare(snapshot, requests, topo)
+    spread = params.placement_mode is PlacementMode.LOW_LOAD_FIRST
+    baseline = greedy(problem, Ledger(snapshot, spread=spread))
+    hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread)), baseline)
+    notes: list[str] = []
+    if _meets_floors(problem, hint):
+        placed, status, bound = hint, SolveStatus.OPTIMAL, None
+        notes.append("proven by bound: every gang placed in full at its compactness floor")
+    else:
+        model = DomainModel(problem, params)
+        model.build()
+        model.hint(hint)
+        solution = model.solve(hint)
+        bound = solution.bound
+        if solution.status in ("OPTIMAL", "FEASIBLE"):
+            placed, repaired = realize(problem, solution, Ledger(snapshot, spread=spread))
+            notes.extend(repaired)
+            status = SolveStatus.OPTIMAL if solution.proven and not repaired else SolveStatus.FEASIBLE
+        else:
+            log.warning("cp-sat found no plan in time; using the heuristic plan", status=solution.status)
+            notes.append(f"cp-sat {solution.status}: heuristic fallback")
+            placed, status, bound = hint, SolveStatus.FALLBACK, None
+    result = _result(problem, placed, status, bound, notes, started)
+    errors = validate(snapshot, requests, result)
+    if errors and placed is not baseline:
+        log.error("plan failed validation; using the greedy plan", errors=errors[:5])
+        result = _result(problem, baseline, SolveStatus.FALLBACK, None, [*notes, *errors[:3]], started)
+        errors = validate(snapshot, requests, result)
+    if errors:
+        log.error("greedy plan failed validation; placing nothing", errors=errors[:5])
+        result = _result(problem, {}, SolveStatus.INFEASIBLE, None, [*notes, *errors[:3]], started)
+    return result
+
+
+def _score(problem: Problem, placed: Placement) -> tuple[int, ...]:
+    """Members placed per priority (highest first), then negated compactness: larger is better."""
+    priorities = sorted({gp.request.priority for gp in problem.gangs}, reverse=True)
+    members = [sum(len(v) for k, v in placed.items() if problem.gangs[k].request.priority == p) for p in priorities]
+    return (*members, -sum(compactness(problem.topo, problem.gangs[k], v) for k, v in placed.items()))
+
+
+def _better(problem: Problem, a: Placement, b: Placement) -> Placement:
+    return a if _score(problem, a) >= _score(problem, b) else b
+
+
+def _meets_floors(problem: Problem, placed: Placement) -> bool:
+    """Every gang placed in full and at the floor of every counted level: nothing can be
+    more compact, so the plan is optimal without a search."""
+    for gp in problem.gangs:
+        members = placed.get(gp.index)
+        if members is None or len(members) != gp.request.count:
+            return False
+        least = floors(problem.topo, gp)
+        if least is None:
+            return False
+        used = domains_used(problem.topo, [m.node for m in members])
+        if any(used[level] > floor for level, floor in least.items()):
+            return False
+    return True
+
+
+def realize(problem: Problem, solution: DomainSolution, ledger: Ledger) -> tuple[Placement, list[str]]:
+    """Phase 3: nodes and devices inside the units the model chose, gang by gang."""
+    placed: Placement = {}
+    notes: list[str] = []
+    order = sorted(solution.units, key=lambda k: (-problem.gangs[k].request.priority, k))
+    for k in order:
+        gp = problem.gangs[k]
+        ledger.begin()
+        members = _realize_gang(problem, k, solution.units[k], ledger)
+        if members is None:
+            ledger.rollback()
+            ledger.begin()
+            members = place_gang(problem.topo, gp, ledger)
+            notes.append(f"{gp.request.name}: unit capacity relaxation repaired greedily")
+            if members is None:
+                ledger.rollback()
+                notes.append(f"{gp.request.name}: could not be realized")
+                continue
+        ledger.commit()
+        placed[k] = members
+    return placed, notes
+
+
+def _realize_gang(problem: Problem, k: int, units: list[dict[int, int]], ledger: Ledger) -> list[Member] | None:
+    gp = problem.gangs[k]
+    members: list[Member] = []
+    for caps, per_unit in zip(gp.groups, units, strict=True):
+        live = live_caps(caps, ledger)
+        for unit, pods in sorted(per_unit.items()):
+            nodes = [n for n in problem.topo.unit_nodes(unit) if n in live]
+            selection = _pick_nodes(nodes, pods, live)
+            if selection is None:
+                return None
+            for node, count in selection:
+                for _ in range(count):
+                    devices = ledger.take(node, caps.shape)
+                    if devices is None:
+                        return None
+                    members.append(Member(caps.group, node, devices))
+    return members
+
+
+def _result(
+    problem: Problem,
+    placed: Placement,
+    status: SolveStatus,
+    bound: int | None,
+    notes: list[str],
+    started: float,
+) -> PlanResult:
+    gangs = []
+    objective = 0
+    for gp in problem.gangs:
+        members = placed.get(gp.index)
+        if members:
+            assignments = _ranked(problem, gp.index, members)
+            used = domains_used(problem.topo, [m.node for m in members])
+            objective += compactness(problem.topo, gp, members)
+            gangs.append(GangPlan(gp.request.name, Outcome.PLACED, assignments, domains_used=used))
+        else:
+            reason = explain(problem.topo, gp)
+            gangs.append(GangPlan(gp.request.name, _outcome(reason), explanation=reason))
+    if not placed:
+        status = SolveStatus.INFEASIBLE
+    final_bound = objective if bound is None or status is not SolveStatus.FEASIBLE else bound
+    return PlanResult(status, tuple(gangs), objective, final_bound, time.perf_counter() - started, tuple(notes))
+
+
+def _outcome(reason: str) -> Outcome:
+    from solver.explain import NO_ELIGIBLE_NODE, SLICE_MISMATCH
+
+    if reason.startswith((NO_ELIGIBLE_NODE, SLICE_MISMATCH)):
+        return Outcome.UNRESOLVABLE
+    return Outcome.UNSCHEDULABLE
+
+
+def _ranked(problem: Problem, k: int, members: list[Member]) -> tuple[Assignment, ...]:
+    gp = problem.gangs[k]
+    nodes = problem.snapshot.nodes
+    out: list[Assignment] = []
+    offset = 0
+    for g, eq in enumerate(gp.request.groups):
+        mine = [m for m in members if m.group == g]
+        mine.sort(key=lambda m: (nodes[m.node].topology, nodes[m.node].name, [d.index for d in m.devices]))
+        for i, m in enumerate(mine):
+            out.append(Assignment(GangName(gp.request.name), eq.name, offset + i, nodes[m.node].name, m.devices))
+        offset += eq.count
+    return tuple(out)
+
+
