@@ -1,0 +1,123 @@
+"""Command line: ``python -m deploy.local up|down|status|restart-scheduler|build|gomod``.
+
+``up`` builds the binaries on first use (several minutes; cached afterwards), starts the
+control plane, creates the nodes of ``config/cluster.yaml`` and prints the kubeconfig path.
+The state folder is ``~/.cache/phalanx/cluster/<name>`` unless ``--state-dir`` or
+``$PHALANX_STATE_DIR`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from deploy.local.build import ensure_binaries
+from deploy.local.cluster import ClusterStatus, LocalCluster
+from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME
+from deploy.local.scheduler_config import DEFAULT_SCHEDULER_NAME, ManagedResource
+
+
+def _progress(message: str) -> None:
+    print(message, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.local",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--name", default=DEFAULT_CLUSTER_NAME, help="cluster name")
+    parser.add_argument("--state-dir", help="state folder (default: $PHALANX_STATE_DIR or the cache)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="start (or reuse) the cluster and create its nodes")
+    up.add_argument("--config", default=str(DEFAULT_CLUSTER_CONFIG), help="cluster description")
+    up.add_argument("--no-nodes", action="store_true", help="do not create the fake nodes")
+    restart = commands.add_parser("restart-scheduler", help="restart kube-scheduler")
+    for sub in (up, restart):
+        sub.add_argument("--extender-url", help="call this Phalanx extender (else vanilla)")
+        sub.add_argument(
+            "--scheduler-name",
+            action="append",
+            dest="scheduler_names",
+            help="scheduler profile name (repeatable; default: default-scheduler)",
+        )
+        sub.add_argument(
+            "--managed-resource",
+            action="append",
+            default=[],
+            metavar="NAME[:ignored]",
+            help="extender managedResources entry (repeatable; default: all pods)",
+        )
+
+    down = commands.add_parser("down", help="stop the cluster")
+    down.add_argument("--keep", action="store_true", help="keep etcd data for the next up")
+    commands.add_parser("status", help="show components, pids, ports, kubeconfig, nodes")
+    commands.add_parser("build", help="build the binaries (cached) and print their paths")
+    commands.add_parser("gomod", help="regenerate the kube wrapper go.mod from kubernetes' own")
+    return parser
+
+
+def _managed(values: Sequence[str]) -> list[ManagedResource]:
+    return [ManagedResource(name=v.split(":")[0], ignored_by_scheduler=v.endswith(":ignored")) for v in values]
+
+
+def print_status(status: ClusterStatus) -> None:
+    """Print a human-readable status table."""
+    print(f"state dir:  {status.state_dir}")
+    print(f"kubeconfig: {status.kubeconfig}")
+    if not status.components:
+        print("not running")
+        return
+    for c in status.components:
+        state = "running" if c.running else "DEAD"
+        print(f"  {c.name:<15} pid {c.pid:<8} port {c.port:<6} {state:<8} log {c.log}")
+    print(f"scheduler:  {'extender ' + status.extender_url if status.extender_url else 'vanilla'}")
+    if status.nodes_total is not None:
+        print(f"nodes:      {status.nodes_ready}/{status.nodes_total} Ready")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return the exit code."""
+    args = _parser().parse_args(argv)
+    if args.command == "build":
+        print(ensure_binaries(_progress))
+        return 0
+    if args.command == "gomod":
+        from deploy.local.gomod import regenerate
+
+        print(f"wrote {regenerate()}")
+        return 0
+    cluster = LocalCluster(
+        args.name,
+        state_dir_path=args.state_dir,
+        progress=_progress,
+        spec_path=getattr(args, "config", DEFAULT_CLUSTER_CONFIG),
+    )
+    if args.command in ("up", "restart-scheduler"):
+        names: list[str] = args.scheduler_names or [DEFAULT_SCHEDULER_NAME]
+        managed = _managed(args.managed_resource)
+        if args.command == "up":
+            cluster.up(
+                extender_url=args.extender_url,
+                nodes=not args.no_nodes,
+                managed_resources=managed,
+                scheduler_names=names,
+            )
+        else:
+            cluster.restart_scheduler(args.extender_url, managed_resources=managed, scheduler_names=names)
+        print_status(cluster.status())
+        print(f"export KUBECONFIG={cluster.kubeconfig_path}")
+    elif args.command == "down":
+        cluster.down(keep_data=args.keep)
+    else:
+        status = cluster.status()
+        print_status(status)
+        return 0 if status.running else 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Command lines of the four control-plane components.
+
+Everything binds to 127.0.0.1 on ports chosen free at start. Choices that matter:
+
+* etcd runs with ``--unsafe-no-fsync``: the cluster is disposable and fsync dominates write
+  latency on a busy two-core machine, which would skew scheduler benchmarks.
+* kube-apiserver has no controller-manager beside it, so two admission plugins are disabled:
+  ServiceAccount (pods would need a ``default`` ServiceAccount per namespace) and
+  TaintNodesByCondition (it taints new nodes ``node.kubernetes.io/not-ready:NoSchedule`` and
+  only the node-lifecycle controller would remove the taint). The endpoint reconciler is off
+  too: it would publish the loopback address as the ``kubernetes`` Service endpoint.
+* Alpha workload APIs: ``scheduling.k8s.io/v1alpha2`` (Workload, PodGroup) is enabled through
+  ``--runtime-config`` and the GenericWorkload gate; see :data:`DEFAULT_APISERVER_GATES`.
+* kube-scheduler serves health on its secure port with an in-memory self-signed certificate.
+* kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake`` and serves ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from deploy.local.nodes import KWOK_SELECTOR
+
+LOOPBACK = "127.0.0.1"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+DEFAULT_APISERVER_GATES: Mapping[str, bool] = MappingProxyType(
+    {
+        # Serves scheduling.k8s.io/v1alpha2 Workload and PodGroup and Pod.spec.schedulingGroup.
+        "GenericWorkload": True,
+        # Gang-scheduling fields; the API server needs it so they are not dropped on write.
+        "GangScheduling": True,
+        # PodGroup topology constraints and workload-aware preemption fields (alpha in 1.36).
+        "TopologyAwareWorkloadScheduling": True,
+        "WorkloadAwarePreemption": True,
+    }
+)
+DEFAULT_SCHEDULER_GATES: Mapping[str, bool] = MappingProxyType(
+    {
+        # kube-scheduler's own PodGroup handling; Phalanx's extender works with or without it.
+        "GenericWorkload": True,
+        "GangScheduling": True,
+    }
+)
+DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ("scheduling.k8s.io/v1alpha2=true",)
+
+
+@dataclass(frozen=True)
+class ControlPlaneOptions:
+    """Knobs of the control plane that tests or benchmarks may want to change."""
+
+    apiserver_feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(DEFAULT_APISERVER_GATES))
+    scheduler_feature_gates: Mapping[str, bool] = field(default_factory=lambda: dict(DEFAULT_SCHEDULER_GATES))
+    runtime_config: tuple[str, ...] = DEFAULT_RUNTIME_CONFIG
+    scheduler_verbosity: int = 2
+    """klog level of kube-scheduler; 2 logs each binding, which e2e failures need."""
+    pod_cidr: str = "10.0.0.0/16"
+    """Range KWOK draws fake pod IPs from; kwok's default /24 runs out past 254 pods."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of one cluster run."""
+
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    scheduler: int
+    kwok: int
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def pick_ports() -> Ports:
+    """Choose five distinct free ports."""
+    chosen: list[int] = []
+    while len(chosen) < 5:
+        port = free_port()
+        if port not in chosen:
+            chosen.append(port)
+    return Ports(*chosen)
+
+
+def _gates(gates: Mapping[str, bool]) -> list[str]:
+    if not gates:
+        return []
+    joined = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
+    return [f"--feature-gates={joined}"]
+
+
+def etcd_argv(binary: Path, *, data_dir: Path, ports: Ports) -> list[str]:
+    """Return the etcd command line (single member, plain HTTP on loopback)."""
+    client = f"http://{LOOPBACK}:{ports.etcd_client}"
+    peer = f"http://{LOOPBACK}:{ports.etcd_peer}"
+    return [
+        str(binary),
+        "--name=phalanx",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=phalanx={peer}",
+        "--initial-cluster-state=new",
+        "--unsafe-no-fsync",
+        "--quota-backend-bytes=8589934592",
+        "--log-level=warn",
+    ]
+
+
+@dataclass(frozen=True)
+class ApiserverFiles:
+    """Files kube-apiserver reads or writes."""
+
+    cert_dir: Path
+    service_account_key: Path
+    token_file: Path
+
+
+def apiserver_argv(binary: Path, *, ports: Ports, files: ApiserverFiles, options: ControlPlaneOptions) -> list[str]:
+    """Return the kube-apiserver command line."""
+    runtime = [f"--runtime-config={','.join(options.runtime_config)}"] if options.runtime_config else []
+    return [
+        str(binary),
+        f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
+        f"--bind-address={LOOPBACK}",
+        f"--advertise-address={LOOPBACK}",
+        f"--secure-port={ports.apiserver}",
+        f"--cert-dir={files.cert_dir}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-account-key-file={files.service_account_key}",
+        f"--service-account-signing-key-file={files.service_account_key}",
+        f"--token-auth-file={files.token_file}",
+        "--authorization-mode=Node,RBAC",
+        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+        "--endpoint-reconciler-type=none",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--allow-privileged=true",
+        "--profiling=false",
+        *runtime,
+        *_gates(options.apiserver_feature_gates),
+    ]
+
+
+def scheduler_argv(
+    binary: Path, *, port: int, config: Path, kubeconfig: Path, options: ControlPlaneOptions
+) -> list[str]:
+    """Return the kube-scheduler command line (its configuration file names the kubeconfig)."""
+    return [
+        str(binary),
+        f"--config={config}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={port}",
+        f"--v={options.scheduler_verbosity}",
+        *_gates(options.scheduler_feature_gates),
+    ]
+
+
+def kwok_argv(
+    binary: Path, *, port: int, kubeconfig: Path, stage_config: Path, options: ControlPlaneOptions
+) -> list[str]:
+    """Return the kwok controller command line."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--config={stage_config}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_SELECTOR}",
+        f"--server-address={LOOPBACK}:{port}",
+        f"--cidr={options.pod_cidr}",
+    ]
