@@ -1,0 +1,28 @@
+"""Fixtures for end-to-end tests against the real local control plane (deploy/local).
+
+One cluster per test session, in a temporary state folder so it never touches a developer's
+``make run`` cluster. The first run on a machine builds the binaries (several minutes); later
+runs start the cluster in seconds.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from deploy.local.cluster import LocalCluster
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A running LocalCluster with the nodes of config/cluster.yaml, torn down at session end."""
+    if shutil.which("go") is None:
+        pytest.skip("the Go toolchain is needed to build the local control plane")
+    local = LocalCluster("e2e", state_dir_path=tmp_path_factory.mktemp("cluster"))
+    try:
+        local.up()
+        yield local
+    finally:
+        local.down()
