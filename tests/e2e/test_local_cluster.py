@@ -17,6 +17,7 @@ import pytest
 from kubernetes import client
 
 from deploy.local.cluster import LocalCluster
+from deploy.local.kubeapi import request_json
 from deploy.local.nodes import BLOCK_LABEL, RACK_LABEL, is_ready, list_nodes, node_manifests
 from deploy.local.wait import wait_for
 
@@ -33,6 +34,8 @@ def namespace(cluster: LocalCluster) -> Iterator[str]:
         core = client.CoreV1Api(api)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         yield name
+        # No kube-controller-manager runs, so deleting the namespace would not delete its pods.
+        core.delete_collection_namespaced_pod(name)
         core.delete_namespace(name)
 
 
@@ -110,12 +113,16 @@ class _RecordingExtender(BaseHTTPRequestHandler):
         elif verb == "prioritize":
             reply = [{"Host": name, "Score": 0} for name in body["NodeNames"]]
         elif verb == "bind":
-            binding = client.V1Binding(
-                metadata=client.V1ObjectMeta(name=body["PodName"], namespace=body["PodNamespace"]),
-                target=client.V1ObjectReference(kind="Node", name=body["Node"]),
-            )
-            client.CoreV1Api(self.api).create_namespaced_binding(body["PodNamespace"], binding, _preload_content=False)
-            reply = {"Error": ""}
+            namespace, name = body["PodNamespace"], body["PodName"]
+            binding = {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": namespace, "uid": body["PodUID"]},
+                "target": {"kind": "Node", "name": body["Node"]},
+            }
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}/binding"
+            response = request_json(self.api, "POST", path, body=binding)
+            reply = {"Error": "" if response.status < 300 else str(response.body)}
         data = json.dumps(reply).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
