@@ -192,14 +192,15 @@ def cases(quick: bool, rnd: random.Random) -> list[Case]:
     p1 = Case("p1", 16384, 1024, 8, "required+preferred")
     p1b = Case("p1b", 4096, 64, 8, "required+preferred")
     if quick:
-        small = [
-            Case(f"small-{i}", 1024, rnd.choice((8, 64)), rnd.choice(GPUS), rnd.choice(KINDS)) for i in range(16)
-        ]
+        small = [Case(f"small-{i}", 1024, rnd.choice((8, 64)), rnd.choice(GPUS), rnd.choice(KINDS)) for i in range(16)]
         planted = [Case(f"planted-{k}-{i}", 1024, 32, 8, k) for i in range(2) for k in BUILDERS]
         return [p1, p1b, *small, *planted]
     matrix = [
         Case(f"{n}n-{p}p-{g}g-{k}", n, p, g, k)
-        for n in SIZES for p in GANG_PODS for g in GPUS for k in KINDS
+        for n in SIZES
+        for p in GANG_PODS
+        for g in GPUS
+        for k in KINDS
         if p * g * 2 <= n * 8  # the gang fits the cluster twice over
     ]
     planted = [Case(f"{n}n-{p}p-{k}", n, p, 8, k) for n in SIZES for p in (32, 64) for k in BUILDERS]

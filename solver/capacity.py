@@ -27,11 +27,7 @@ class DeviceState:
 
     @property
     def idle(self) -> bool:
-        return (
-            not self.mig
-            and self.free_milli == FULL_SHARE
-            and self.free_memory_mib == self.memory_mib
-        )
+        return not self.mig and self.free_milli == FULL_SHARE and self.free_memory_mib == self.memory_mib
 
     def share_fits(self, milli: int, memory_mib: int) -> int:
         """How many (milli, memory) shares still fit on this device."""
@@ -58,7 +54,11 @@ class NodeState:
         self.extended = dict(free.extended)
         self.devices = [
             DeviceState(
-                d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib,
+                d.index,
+                d.model,
+                d.memory_mib,
+                d.free_milli,
+                d.free_memory_mib,
                 {s.profile: s.free for s in d.mig},
             )
             for d in node.gpus
@@ -184,7 +184,6 @@ def clone_state(state: NodeState) -> NodeState:
     twin.name, twin.cpu, twin.memory, twin.pods = state.name, state.cpu, state.memory, state.pods
     twin.extended = dict(state.extended)
     twin.devices = [
-        DeviceState(d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib, dict(d.mig))
-        for d in state.devices
+        DeviceState(d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib, dict(d.mig)) for d in state.devices
     ]
     return twin

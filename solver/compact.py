@@ -127,8 +127,13 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
 
 
 def _cover(
-    topo: TopologyIndex, levels: list[int], roots: list[int], depth: int, need: int,
-    dcaps: dict[int, int], live: dict[int, int],
+    topo: TopologyIndex,
+    levels: list[int],
+    roots: list[int],
+    depth: int,
+    need: int,
+    dcaps: dict[int, int],
+    live: dict[int, int],
 ) -> Selection | None:
     """`need` pods under `roots`, using as few domains of `levels[depth]` as possible."""
     level = levels[depth]

@@ -111,6 +111,14 @@ class TopologyFamily:
         required = topo.above - 1 if one_host else gp.required_level
         if 0 <= required < topo.above:
             m.add(sum(gv.used[d] for d in topo.levels_of[required] if d in gv.used) <= 1)
+        host_slice = gp.groups[0].host_slice if gp.groups else 1
+        if host_slice > 1:
+            # k pods per host: each unit holds a multiple of k (node capacities are multiples).
+            for u in sorted(gv.units()):
+                t = m.new_int_var(
+                    0, gp.request.count // host_slice, f"{gp.request.name}/host-slices/{_unit_label(topo, u)}"
+                )
+                m.add(gv.pods_in([u]) == host_slice * t)
         for level, size in gp.slices:
             for d in topo.levels_of[level]:
                 cap = totals.get(d, 0)
@@ -200,10 +208,14 @@ class DomainModel:
             gv = GangVars(gp, m.new_bool_var(f"{gp.request.name}/placed"))
             for caps in gp.groups:
                 gv.members.append(m.new_int_var(0, caps.count, f"{gp.request.name}/g{caps.group}/members"))
-                gv.y.append({
-                    u: m.new_int_var(0, min(cap, caps.count), f"{gp.request.name}/g{caps.group}/{_unit_label(topo, u)}")
-                    for u, cap in sorted(caps.unit_caps.items())
-                })
+                gv.y.append(
+                    {
+                        u: m.new_int_var(
+                            0, min(cap, caps.count), f"{gp.request.name}/g{caps.group}/{_unit_label(topo, u)}"
+                        )
+                        for u, cap in sorted(caps.unit_caps.items())
+                    }
+                )
                 gv.domain_caps.append(domain_caps(topo, gp, caps.node_caps))
             GangFamily().add(m, gv)
             TopologyFamily().add(m, gv, topo)

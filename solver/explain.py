@@ -44,11 +44,11 @@ def explain(topo: TopologyIndex, gp: GangProblem) -> str:
     need_total = req.quorum
     fit_total = 0
     for caps in gp.groups:
+        name = req.groups[caps.group].name
+        if not caps.eligible:
+            return f"{NO_ELIGIBLE_NODE}: group {name!r} matches no node (selector, affinity, taints, GPU model)"
         if not caps.node_caps:
-            return (
-                f"{NO_ELIGIBLE_NODE}: group {req.groups[caps.group].name!r} fits no node "
-                "(eligibility, GPU model or per-node capacity)"
-            )
+            return f"{NOT_ENOUGH_CAPACITY}: group {name!r} fits on none of {caps.eligible} eligible nodes"
         fit_total += min(caps.count, caps.total)
         if caps.total < caps.count and req.quorum >= req.count:
             return (

@@ -16,6 +16,7 @@ A gang that does not fit in full tries its quorum (minCount); otherwise it is ro
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from solver.ledger import Ledger
@@ -61,6 +62,8 @@ def _targets(gp: GangProblem) -> list[list[int]]:
     full = [g.count for g in gp.groups]
     out = [full]
     quorum = gp.request.quorum
+    step = math.lcm(*(size for _, size in gp.slices), gp.groups[0].host_slice)
+    quorum = -(-quorum // step) * step  # slices are whole: round the quorum up to a slice multiple
     if quorum < sum(full):
         cut, trimmed = sum(full) - quorum, list(full)
         for i in reversed(range(len(trimmed))):
@@ -78,6 +81,8 @@ def _place_counts(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledge
         if need == 0:
             continue
         live = live_caps(caps, ledger)
+        if gp.required_level == topo.host_level and members:
+            live = {n: c for n, c in live.items() if n == members[0].node}
         selection = select(topo, gp, live, need, scope)
         if selection is None:
             return None

@@ -86,11 +86,7 @@ class GpuDevice:
     @property
     def is_idle(self) -> bool:
         """No share and no memory taken: the device can go to a whole-GPU pod."""
-        return (
-            not self.mig
-            and self.free_milli == FULL_SHARE
-            and self.free_memory_mib == self.memory_mib
-        )
+        return not self.mig and self.free_milli == FULL_SHARE and self.free_memory_mib == self.memory_mib
 
     def mig_free(self, profile: str) -> int:
         for s in self.mig:

@@ -82,6 +82,11 @@ def plan(
             placed, repaired = realize(problem, solution, Ledger(snapshot, spread=spread))
             notes.extend(repaired)
             status = SolveStatus.OPTIMAL if solution.proven and not repaired else SolveStatus.FEASIBLE
+            if _score(problem, placed) < _score(problem, hint):
+                # The relaxation of shared capacity let the model promise more than nodes and
+                # devices hold: never return less than the heuristic plan.
+                notes.append("model plan could not be realized in full; heuristic plan kept")
+                placed, status, bound = hint, SolveStatus.FEASIBLE, None
         else:
             log.warning("cp-sat found no plan in time; using the heuristic plan", status=solution.status)
             notes.append(f"cp-sat {solution.status}: heuristic fallback")
@@ -134,27 +139,29 @@ def realize(problem: Problem, solution: DomainSolution, ledger: Ledger) -> tuple
         gp = problem.gangs[k]
         ledger.begin()
         members = _realize_gang(problem, k, solution.units[k], ledger)
-        if members is None:
+        if members is not None:
+            ledger.commit()
+        else:
             ledger.rollback()
-            ledger.begin()
-            members = place_gang(problem.topo, gp, ledger)
+            members = place_gang(problem.topo, gp, ledger)  # transactional itself
             notes.append(f"{gp.request.name}: unit capacity relaxation repaired greedily")
             if members is None:
-                ledger.rollback()
                 notes.append(f"{gp.request.name}: could not be realized")
                 continue
-        ledger.commit()
         placed[k] = members
     return placed, notes
 
 
 def _realize_gang(problem: Problem, k: int, units: list[dict[int, int]], ledger: Ledger) -> list[Member] | None:
     gp = problem.gangs[k]
+    one_host = gp.required_level == problem.topo.host_level
     members: list[Member] = []
     for caps, per_unit in zip(gp.groups, units, strict=True):
         live = live_caps(caps, ledger)
         for unit, pods in sorted(per_unit.items()):
             nodes = [n for n in problem.topo.unit_nodes(unit) if n in live]
+            if one_host and members:
+                nodes = [n for n in nodes if n == members[0].node]
             selection = _pick_nodes(nodes, pods, live)
             if selection is None:
                 return None
@@ -189,7 +196,8 @@ def _result(
             gangs.append(GangPlan(gp.request.name, _outcome(reason), explanation=reason))
     if not placed:
         status = SolveStatus.INFEASIBLE
-    final_bound = objective if bound is None or status is not SolveStatus.FEASIBLE else bound
+    # Without a search bound, only a plan proven by its floors has one: its own objective.
+    final_bound = bound if bound is not None else (objective if status is SolveStatus.OPTIMAL else 0)
     return PlanResult(status, tuple(gangs), objective, final_bound, time.perf_counter() - started, tuple(notes))
 
 
@@ -213,5 +221,3 @@ def _ranked(problem: Problem, k: int, members: list[Member]) -> tuple[Assignment
             out.append(Assignment(GangName(gp.request.name), eq.name, offset + i, nodes[m.node].name, m.devices))
         offset += eq.count
     return tuple(out)
-
-

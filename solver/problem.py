@@ -25,6 +25,7 @@ class GroupCaps:
     node_caps: dict[int, int] = field(default_factory=dict)  # node index -> pods (> 0 only)
     unit_caps: dict[int, int] = field(default_factory=dict)  # unit domain id -> pods
     host_slice: int = 1
+    eligible: int = 0  # nodes statically eligible (selector, cordon, GPU model), fit or not
 
     @property
     def total(self) -> int:
@@ -49,9 +50,8 @@ class Problem:
 
 
 def node_capacity(node: Node, shape: PodShape) -> int:
-    """Pods of `shape` that fit on `node` as the snapshot has it (exact for one shape)."""
-    if not eligible(node, shape):
-        return 0
+    """Pods of `shape` that fit on an eligible `node` as the snapshot has it (exact for one
+    shape)."""
     alloc, used, req = node.allocatable, node.used, shape.requests
     fit = UNLIMITED
     if req.cpu_milli > 0:
@@ -87,9 +87,7 @@ def prepare(snapshot: ClusterSnapshot, requests: list[GangRequest], topo: Topolo
     return Problem(snapshot, topo, gangs)
 
 
-def _prepare_gang(
-    index: int, request: GangRequest, snapshot: ClusterSnapshot, topo: TopologyIndex
-) -> GangProblem:
+def _prepare_gang(index: int, request: GangRequest, snapshot: ClusterSnapshot, topo: TopologyIndex) -> GangProblem:
     tr = request.topology
     required = topo.level_of(tr.required) if tr.required else -1
     slices = sorted({(topo.level_of(s.level), s.size) for s in tr.slices if s.size > 1})
@@ -101,6 +99,9 @@ def _prepare_gang(
     for g, eq in enumerate(request.groups):
         caps = GroupCaps(index, g, eq.shape, eq.count, host_slice=host_slice)
         for i, node in enumerate(snapshot.nodes):
+            if not eligible(node, eq.shape):
+                continue
+            caps.eligible += 1
             c = node_capacity(node, eq.shape)
             if host_slice > 1:
                 c -= c % host_slice

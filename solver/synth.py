@@ -38,9 +38,13 @@ def node(shape: Shape, name: str, path: tuple[str, ...], used_gpus: int) -> Node
     per_gpu_cpu = shape.cpu_milli // (shape.gpus_per_node * 2)
     per_gpu_mem = shape.memory_mib // (shape.gpus_per_node * 2)
     devices = tuple(
-        GpuDevice(i, shape.gpu_model, shape.gpu_memory_mib,
-                  free_milli=0 if i < used_gpus else 1000,
-                  free_memory_mib=0 if i < used_gpus else shape.gpu_memory_mib)
+        GpuDevice(
+            i,
+            shape.gpu_model,
+            shape.gpu_memory_mib,
+            free_milli=0 if i < used_gpus else 1000,
+            free_memory_mib=0 if i < used_gpus else shape.gpu_memory_mib,
+        )
         for i in range(shape.gpus_per_node)
     )
     return Node(
@@ -71,7 +75,5 @@ def cluster(shape: Shape, *, occupancy: float = 0.5, seed: int = 0, full: bool =
 
 def with_used(snapshot: ClusterSnapshot, shape: Shape, used: dict[str, int]) -> ClusterSnapshot:
     """The same cluster with some nodes' used GPU counts replaced."""
-    nodes = tuple(
-        node(shape, n.name, n.topology, used[n.name]) if n.name in used else n for n in snapshot.nodes
-    )
+    nodes = tuple(node(shape, n.name, n.topology, used[n.name]) if n.name in used else n for n in snapshot.nodes)
     return ClusterSnapshot(nodes, snapshot.levels, snapshot.generation + 1)

@@ -45,9 +45,7 @@ class TopologyIndex:
         n = len(levels)
         host_is_last = n > 0 and _unique_last(snapshot)
         self.above = n - 1 if host_is_last else n  # levels above the host
-        self.levels: tuple[str, ...] = (
-            levels if host_is_last else (*levels, HOST_LEVEL)
-        )
+        self.levels: tuple[str, ...] = levels if host_is_last else (*levels, HOST_LEVEL)
         self.domains: list[Domain] = []
         self.by_path: dict[tuple[str, ...], int] = {}
         self.unit_of: list[int] = []  # node index -> unit domain id (-1 if no levels above)
