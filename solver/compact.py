@@ -135,28 +135,28 @@ def _cover(
     dcaps: dict[int, int],
     live: dict[int, int],
 ) -> Selection | None:
-    """`need` pods under `roots`, using as few domains of `levels[depth]` as possible."""
+    """`need` pods under `roots`, using as few domains of `levels[depth]` as possible, then
+    descending into the chosen domains together: the next level picks its largest domains
+    across all of them, which keeps this level's count and lowers the next one's."""
     level = levels[depth]
     if level == topo.host_level:
         return _pick_nodes([n for n in nodes_under(topo, roots) if n in live], need, live)
     pool = sorted((d for d in domains_at(topo, roots, level) if dcaps.get(d, 0) > 0), key=lambda d: -dcaps[d])
-    out: Selection = []
+    chosen: list[int] = []
     remaining = need
     while remaining > 0 and pool:
         if dcaps[pool[0]] >= remaining:
             j = len(pool) - 1
             while dcaps[pool[j]] < remaining:
                 j -= 1
-            chosen, amount = pool.pop(j), remaining
+            chosen.append(pool.pop(j))
+            remaining = 0
         else:
-            chosen = pool.pop(0)
-            amount = dcaps[chosen]
-        part = _cover(topo, levels, [chosen], depth + 1, amount, dcaps, live)
-        if part is None:
-            return None
-        out.extend(part)
-        remaining -= amount
-    return out if remaining == 0 else None
+            chosen.append(pool.pop(0))
+            remaining -= dcaps[chosen[-1]]
+    if remaining > 0:
+        return None
+    return _cover(topo, levels, chosen, depth + 1, need, dcaps, live)
 
 
 def _counts(topo: TopologyIndex, gp: GangProblem, selection: Selection) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ class PlacementMode(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class SolverParams:
     # CP-SAT wall-clock limit per solve; past it the best feasible plan (or the greedy plan) is used.
-    time_limit_s: float = 2.0
+    time_limit_s: float = 1.0
     # CP-SAT search workers; 2 matches the 2-core machines this runs on.
     workers: int = 2
     # Fixed seed: the same input gives the same plan.
