@@ -22,5 +22,3 @@ class SolverParams:
     # Fixed seed: the same input gives the same plan.
     seed: int = 0
     placement_mode: PlacementMode = PlacementMode.COMPACT_FIRST
-    # Skip CP-SAT when the greedy plan already meets the lower bound of every counted level.
-    bound_shortcut: bool = True

@@ -1,0 +1,1 @@
+"""Phalanx extender: everything Kubernetes-facing around the pure `solver` package."""

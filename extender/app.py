@@ -1,0 +1,128 @@
+"""The extender process: watch cache, configuration, HTTP server, wired together.
+
+Start-up: load the configuration (ConfigMap, else a file, else defaults), list and watch
+nodes and pods, serve HTTP at once (readiness stays 503 until both lists are in), and keep
+watching the ConfigMap: a valid update applies live, an invalid one is logged, recorded as an
+Event on the ConfigMap and ignored.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from extender import logs
+from extender.binder import Binder
+from extender.cache import Cache
+from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
+from extender.kube import Kube
+from extender.metrics import Metrics
+from extender.server import Server
+from extender.verbs import Verbs
+from extender.watch import Reflector
+
+log = structlog.get_logger("phalanx.app")
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str = "127.0.0.1"
+    port: int = 8888
+    config_namespace: str = "phalanx-system"
+    config_file: Path | None = None
+
+
+class Extender:
+    def __init__(self, kube: Kube, options: Options = Options()) -> None:
+        self.kube = kube
+        self.options = options
+        self.config = self._initial_config()
+        self.metrics = Metrics()
+        self.cache = Cache(self.config.topology.levels, self.config.gpu.default_memory_mib)
+        self.binder = Binder(kube)
+        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics)
+        self.reflectors = [
+            Reflector(
+                kube, "/api/v1/nodes", on_list=self.cache.replace_nodes, on_event=self.cache.node_event, name="nodes"
+            ),
+            Reflector(
+                kube, "/api/v1/pods", on_list=self.cache.replace_pods, on_event=self.cache.pod_event, name="pods"
+            ),
+        ]
+        self.config_reflector = Reflector(
+            kube,
+            f"/api/v1/namespaces/{options.config_namespace}/configmaps",
+            on_list=self._config_list,
+            on_event=self._config_event,
+            name="configmap",
+            selector={"fieldSelector": f"metadata.name={CONFIGMAP_NAME}"},
+        )
+        self.server = Server(
+            (options.host, options.port),
+            verbs={
+                "filter": self.verbs.filter,
+                "prioritize": self.verbs.prioritize,
+                "bind": self.verbs.bind,
+                "preempt": self.verbs.preempt,
+            },
+            metrics=self.metrics,
+            ready=self.ready,
+        )
+        self._threads: list[threading.Thread] = []
+
+    def _initial_config(self) -> PhalanxConfig:
+        if self.options.config_file is not None:
+            return parse(self.options.config_file.read_text(), source=str(self.options.config_file))
+        return PhalanxConfig()
+
+    def start(self) -> None:
+        logs.configure(self.config.server.log_level)
+        for r in [*self.reflectors, self.config_reflector]:
+            self._threads.append(r.start())
+        thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        log.info("extender started", url=self.server.url, levels=self.config.topology.levels)
+
+    def stop(self) -> None:
+        for r in [*self.reflectors, self.config_reflector]:
+            r.stop()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def ready(self) -> bool:
+        with self.cache.lock:
+            self.metrics.cache_objects.labels("nodes").set(len(self.cache.nodes))
+            self.metrics.cache_objects.labels("pods").set(len(self.cache.pods))
+        return all(r.listed.is_set() for r in self.reflectors)
+
+    # ------------------------------------------------------------------ configuration
+
+    def _config_list(self, items: list[dict[str, Any]]) -> None:
+        for obj in items:
+            self._config_event("ADDED", obj)
+
+    def _config_event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind == "DELETED":
+            log.warning("configuration ConfigMap deleted; keeping the last good configuration")
+            return
+        meta = obj.get("metadata") or {}
+        source = f"ConfigMap {meta.get('namespace')}/{meta.get('name')} key {CONFIGMAP_KEY}"
+        try:
+            config = parse((obj.get("data") or {}).get(CONFIGMAP_KEY, ""), source=source)
+        except ConfigError as e:
+            log.error("configuration rejected; keeping the last good one", error=str(e))
+            self.binder.event({**obj, "kind": "ConfigMap"}, reason="InvalidConfig", message=str(e), kind="Warning")
+            return
+        self.apply(config)
+        log.info("configuration applied", source=source, resource_version=meta.get("resourceVersion"))
+
+    def apply(self, config: PhalanxConfig) -> None:
+        self.config = config
+        self.verbs.config = config
+        self.cache.configure(config.topology.levels, config.gpu.default_memory_mib)
+        logs.configure(config.server.log_level)

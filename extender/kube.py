@@ -1,0 +1,123 @@
+"""The only code that talks to the API server: plain JSON over urllib3.
+
+`Kube` is the seam (a Protocol) the cache, binder and config loader use; `RestKube` is the
+real one, configured from a kubeconfig or the in-cluster service account through the
+kubernetes package's loaders, but sending and decoding plain JSON: the generated models cost
+milliseconds per object, which a watch over thousands of pods cannot afford.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+from urllib.parse import urlencode
+
+import urllib3
+from kubernetes import client, config
+
+JSON = dict[str, Any]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any, what: str) -> None:
+        message = body.get("message") if isinstance(body, dict) else str(body)[:200]
+        super().__init__(f"{what}: HTTP {status}: {message}")
+        self.status = status
+        self.body = body
+
+
+class Expired(Exception):
+    """410 Gone: the resourceVersion is too old; the watcher must re-list."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: Any
+
+
+class Kube(Protocol):
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Response: ...
+
+    def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]: ...
+
+
+class RestKube:
+    """`Kube` over urllib3 with the credentials of a kubeconfig or the pod's service account."""
+
+    def __init__(self, cfg: client.Configuration) -> None:
+        self.host = cfg.host.rstrip("/")
+        self.headers = {"Accept": "application/json"}
+        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+        if token:
+            prefix = cfg.api_key_prefix.get("authorization", "")
+            self.headers["Authorization"] = f"{prefix} {token}".strip() if not token.startswith("Bearer") else token
+        kwargs: dict[str, Any] = {"maxsize": 16, "block": False}
+        if self.host.startswith("https"):
+            kwargs.update(cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE", ca_certs=cfg.ssl_ca_cert)
+            if cfg.cert_file:
+                kwargs.update(cert_file=cfg.cert_file, key_file=cfg.key_file)
+        self.pool = urllib3.PoolManager(**kwargs)
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None) -> RestKube:
+        cfg = client.Configuration()
+        if path:
+            config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cls(cfg)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        url = self.host + path + (f"?{urlencode(query)}" if query else "")
+        headers = dict(self.headers)
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
+        r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
+        return Response(r.status, json.loads(r.data) if r.data else None)
+
+    def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
+        """Watch events, one decoded JSON object per line, until the server closes."""
+        url = f"{self.host}{path}?{urlencode(query)}"
+        timeout = urllib3.Timeout(connect=5, read=float(query.get("timeoutSeconds", "300")) + 30)
+        r = self.pool.request("GET", url, headers=self.headers, preload_content=False, timeout=timeout)
+        try:
+            if r.status == 410:
+                raise Expired(path)
+            if r.status >= 300:
+                raise ApiError(r.status, r.data[:500], f"watch {path}")
+            buffer = b""
+            for chunk in r.stream(65536):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            r.release_conn()
+
+
+def check(response: Response, what: str, ok: tuple[int, ...] = (200, 201)) -> Any:
+    if response.status not in ok:
+        raise ApiError(response.status, response.body, what)
+    return response.body

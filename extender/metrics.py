@@ -1,0 +1,38 @@
+"""Prometheus metrics, in one registry per extender (tests start several in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Extender calls are sub-millisecond to a few ms; gang binds wait up to the gang timeout.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(
+            "phalanx_extender_request_seconds",
+            "Extender call latency by verb.",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "phalanx_extender_errors_total",
+            "Extender errors by verb and reason.",
+            ["verb", "reason"],
+            registry=self.registry,
+        )
+        self.outcomes = Counter(
+            "phalanx_extender_outcomes_total",
+            "Extender outcomes by verb.",
+            ["verb", "outcome"],
+            registry=self.registry,
+        )
+        self.cache_objects = Gauge(
+            "phalanx_cache_objects", "Objects in the watch cache.", ["kind"], registry=self.registry
+        )
+        self.solve_seconds = Histogram(
+            "phalanx_solver_seconds", "Solver time per plan.", buckets=LATENCY_BUCKETS, registry=self.registry
+        )

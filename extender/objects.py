@@ -1,0 +1,199 @@
+"""Kubernetes objects (plain JSON) to the facts the cache keeps, and the device annotation.
+
+Device assignment contract (what a node agent reads): the pod annotation
+`phalanx.io/gpu-devices` holds a JSON list with one entry per device the pod uses:
+`{"index": 3, "milli": 1000, "memoryMiB": 81920}` for a whole or shared GPU (milli = share in
+thousandths, memoryMiB = GPU memory granted on that device), or
+`{"index": 5, "mig": "1g.10gb"}` for a MIG slice. It is written before the pod is bound and
+is the record the cache rebuilds device usage from after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from extender import quantity
+from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand
+from solver.model import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
+
+DEVICES_ANNOTATION = "phalanx.io/gpu-devices"
+MIG_LAYOUT_ANNOTATION = "phalanx.io/mig-layout"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+MEMORY_LABEL = "nvidia.com/gpu.memory"
+TERMINAL = ("Succeeded", "Failed")
+
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What the cache keeps of a Node: everything but usage."""
+
+    name: NodeName
+    allocatable: Resources
+    labels: dict[str, str]
+    taints: tuple[str, ...]
+    topology: tuple[str, ...]
+    devices: tuple[GpuDevice, ...]
+    unschedulable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the cache keeps of a Pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str  # "" while pending
+    phase: str
+    requests: Resources
+    demand: GpuDemand
+    devices: tuple[DeviceAssignment, ...] | None  # from the annotation; None if absent
+    error: str  # why the GPU request is invalid, "" if valid
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    scheduler: str
+    created: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def active(self) -> bool:
+        return self.phase not in TERMINAL
+
+
+def scalar(resources: dict[str, Any], *, pods: int) -> Resources:
+    """CPU, memory, pods and domain-qualified extended resources other than GPU ones."""
+    extended = []
+    for key, value in resources.items():
+        if "/" in key and key not in MANAGED and not key.startswith(MIG_PREFIX):
+            extended.append((key, quantity.count(value)))
+    return Resources(
+        cpu_milli=quantity.milli(resources.get("cpu", 0)),
+        memory_mib=quantity.mib(resources.get("memory", 0)),
+        pods=pods,
+        extended=tuple(sorted(extended)),
+    )
+
+
+def node_info(obj: JSON, levels: tuple[str, ...], default_gpu_memory_mib: int) -> NodeInfo:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    alloc = status.get("allocatable") or {}
+    taints = tuple(f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in spec.get("taints") or [])
+    return NodeInfo(
+        name=NodeName(meta["name"]),
+        allocatable=scalar(alloc, pods=quantity.count(alloc.get("pods", 110))),
+        labels=labels,
+        taints=taints,
+        topology=tuple(labels.get(level, "") for level in levels),
+        devices=devices_of(alloc, labels, meta.get("annotations") or {}, default_gpu_memory_mib),
+        unschedulable=bool(spec.get("unschedulable")),
+    )
+
+
+def devices_of(
+    alloc: JSON, labels: dict[str, str], annotations: dict[str, str], default_mib: int
+) -> tuple[GpuDevice, ...]:
+    """Whole GPUs take indices 0..n-1; MIG GPUs follow, from `phalanx.io/mig-layout` when the
+    node has it, else one device per advertised profile holding all its slices."""
+    model = labels.get(PRODUCT_LABEL, "unknown")
+    try:
+        memory = int(labels.get(MEMORY_LABEL, default_mib))
+    except ValueError:
+        memory = default_mib
+    whole = quantity.count(alloc.get(GPU, 0))
+    out = [GpuDevice(i, model, memory) for i in range(whole)]
+    mig = {k[len(MIG_PREFIX) :]: quantity.count(v) for k, v in alloc.items() if k.startswith(MIG_PREFIX)}
+    layout = _layout(annotations.get(MIG_LAYOUT_ANNOTATION))
+    if layout:
+        by_index: dict[int, list[MigSlice]] = {}
+        for entry in layout:
+            by_index.setdefault(entry[0], []).append(MigSlice(entry[1], entry[2]))
+        out.extend(GpuDevice(i, model, memory, 0, 0, tuple(s)) for i, s in sorted(by_index.items()))
+    else:
+        for offset, (profile, n) in enumerate(sorted(mig.items())):
+            if n > 0:
+                out.append(GpuDevice(whole + offset, model, memory, 0, 0, (MigSlice(profile, n),)))
+    return tuple(out)
+
+
+def _layout(text: str | None) -> list[tuple[int, str, int]]:
+    if not text:
+        return []
+    try:
+        return [(int(e["index"]), str(e["profile"]), int(e["slices"])) for e in json.loads(text)]
+    except (ValueError, KeyError, TypeError):
+        return []
+
+
+def pod_info(obj: JSON) -> PodInfo:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    error = ""
+    try:
+        resources = container_resources(obj)
+        gpu = demand(obj, resources)
+        requests = scalar(_with_init(obj, resources), pods=1)
+    except (DemandError, ValueError) as e:
+        resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), str(e)
+    return PodInfo(
+        uid=meta.get("uid", ""),
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        node=spec.get("nodeName") or "",
+        phase=status.get("phase", "Pending"),
+        requests=requests,
+        demand=gpu,
+        devices=decode_devices(annotations.get(DEVICES_ANNOTATION)),
+        error=error,
+        labels=meta.get("labels") or {},
+        annotations=annotations,
+        scheduler=spec.get("schedulerName", "default-scheduler"),
+        created=meta.get("creationTimestamp", ""),
+    )
+
+
+def _with_init(pod: JSON, resources: dict[str, Any]) -> dict[str, Any]:
+    """Effective requests: the larger of the containers' sum and any init container, plus
+    the pod overhead (as kube-scheduler computes them)."""
+    spec = pod.get("spec") or {}
+    out = dict(resources)
+    for c in spec.get("initContainers") or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        for key in ("cpu", "memory"):
+            if key in merged and quantity.parse(merged[key]) > quantity.parse(out.get(key, 0)):
+                out[key] = merged[key]
+    for key, value in (spec.get("overhead") or {}).items():
+        out[key] = str(quantity.parse(out.get(key, 0)) + quantity.parse(value))
+    return out
+
+
+def encode_devices(devices: tuple[DeviceAssignment, ...]) -> str:
+    out: list[dict[str, Any]] = []
+    for d in devices:
+        if d.mig_profile:
+            out.append({"index": d.index, "mig": d.mig_profile})
+        else:
+            out.append({"index": d.index, "milli": d.milli, "memoryMiB": d.memory_mib})
+    return json.dumps(out, separators=(",", ":"))
+
+
+def decode_devices(text: str | None) -> tuple[DeviceAssignment, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(
+            DeviceAssignment(int(e["index"]), 0, 0, str(e["mig"]))
+            if "mig" in e
+            else DeviceAssignment(int(e["index"]), int(e.get("milli", 0)), int(e.get("memoryMiB", 0)))
+            for e in json.loads(text)
+        )
+    except (ValueError, KeyError, TypeError):
+        return None

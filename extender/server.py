@@ -1,0 +1,122 @@
+"""HTTP server: the extender verbs, health, readiness, metrics and the read API.
+
+A threading HTTP/1.1 server with keep-alive (kube-scheduler reuses its connections); each
+request runs in its own thread, so a bind that waits never blocks a filter. Malformed input
+gets 400 with a message, an internal fault 500; nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import structlog
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from extender.metrics import Metrics
+from extender.verbs import BadRequest
+
+log = structlog.get_logger("phalanx.server")
+
+MAX_BODY = 64 * 2**20
+
+Route = Callable[[dict[str, Any]], Any]
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        *,
+        verbs: dict[str, Route],
+        metrics: Metrics,
+        ready: Callable[[], bool],
+        reads: dict[str, Callable[[str], tuple[int, Any]]] | None = None,
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.verbs = verbs
+        self.metrics = metrics
+        self.ready = ready
+        self.reads = reads or {}
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one structured line per call is logged by the verbs
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(200, b"ok", "text/plain")
+        elif path == "/readyz":
+            ok = self.server.ready()
+            self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+        elif path == "/metrics":
+            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        else:
+            for prefix, read in self.server.reads.items():
+                if path.startswith(prefix):
+                    status, body = read(path[len(prefix) :])
+                    self._json(status, body)
+                    return
+            self._json(404, {"error": f"no route {path}"})
+
+    def do_POST(self) -> None:
+        verb = self.path.strip("/").split("?", 1)[0]
+        route = self.server.verbs.get(verb)
+        started = time.perf_counter()
+        try:
+            if route is None:
+                raise _NotFound(verb)
+            length = int(self.headers.get("Content-Length") or 0)
+            if length <= 0 or length > MAX_BODY:
+                raise BadRequest(f"{verb}: body missing or larger than {MAX_BODY} bytes")
+            try:
+                args = json.loads(self.rfile.read(length))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise BadRequest(f"{verb}: body is not JSON: {e}") from None
+            if not isinstance(args, dict):
+                raise BadRequest(f"{verb}: body must be a JSON object")
+            self._json(200, route(args))
+        except _NotFound:
+            self._json(404, {"Error": f"unknown verb {verb!r}"})
+        except BadRequest as e:
+            self.server.metrics.errors.labels(verb, "bad-request").inc()
+            log.warning("bad request", verb=verb, error=str(e))
+            self._json(400, {"Error": str(e)})
+        except Exception as e:
+            self.server.metrics.errors.labels(verb, "internal").inc()
+            log.exception("internal error", verb=verb)
+            self._json(500, {"Error": f"internal error in {verb}: {e}"})
+        finally:
+            if route is not None:
+                self.server.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+
+    def _json(self, status: int, body: Any) -> None:
+        self._send(status, json.dumps(body, separators=(",", ":")).encode(), "application/json")
+
+    def _send(self, status: int, data: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _NotFound(Exception):
+    pass

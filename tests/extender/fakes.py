@@ -1,0 +1,127 @@
+"""A scripted stand-in for the API server, for in-process tests of handlers and watches.
+
+End-to-end tests use the real kube-apiserver (tests/e2e); these cover what a real server
+cannot be made to do on cue: a 410 in the middle of a watch, a failing bind, exact replies.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.kube import JSON, Expired, Response
+
+
+@dataclass
+class FakeKube:
+    pods: dict[str, JSON] = field(default_factory=dict)  # "ns/name" -> pod
+    lists: dict[str, list[list[JSON]]] = field(default_factory=dict)  # path -> successive list results
+    streams: dict[str, list[list[JSON] | type[Exception]]] = field(default_factory=dict)
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    fail_bind: bool = False
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Response:
+        self.calls.append((method, path, copy.deepcopy(body)))
+        if method == "GET" and path in self.lists:
+            items = self.lists[path].pop(0) if len(self.lists[path]) > 1 else self.lists[path][0]
+            return Response(200, {"items": items, "metadata": {"resourceVersion": "10"}})
+        parts = path.strip("/").split("/")
+        if len(parts) >= 6 and parts[4] == "pods":
+            key = f"{parts[3]}/{parts[5]}"
+            pod = self.pods.get(key)
+            if pod is None:
+                return Response(404, {"message": "not found"})
+            if method == "GET":
+                return Response(200, pod)
+            if method == "PATCH":
+                pod["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+                return Response(200, pod)
+            if method == "POST" and parts[-1] == "binding":
+                if self.fail_bind:
+                    return Response(500, {"message": "etcd on fire"})
+                if pod["spec"].get("nodeName"):
+                    return Response(409, {"message": "already bound"})
+                pod["spec"]["nodeName"] = body["target"]["name"]
+                return Response(201, {})
+        if method == "POST" and path.endswith("/events"):
+            return Response(201, body)
+        return Response(404, {"message": f"no fake route {method} {path}"})
+
+    def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
+        script = self.streams.get(path) or []
+        if not script:
+            return iter(())
+        step = script.pop(0)
+        if isinstance(step, type) and issubclass(step, Exception):
+            raise step(path) if step is Expired else step()
+        return iter(step)  # type: ignore[arg-type]
+
+
+def node(
+    name: str,
+    *,
+    gpus: int = 8,
+    block: str = "b0",
+    rack: str = "b0-r0",
+    mig: dict[str, int] | None = None,
+    layout: str | None = None,
+) -> JSON:
+    alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    for profile, n in (mig or {}).items():
+        alloc[f"nvidia.com/mig-{profile}"] = str(n)
+    annotations = {"phalanx.io/mig-layout": layout} if layout else {}
+    return {
+        "metadata": {
+            "name": name,
+            "annotations": annotations,
+            "labels": {
+                "topology.phalanx.io/block": block,
+                "topology.phalanx.io/rack": rack,
+                "kubernetes.io/hostname": name,
+                "nvidia.com/gpu.product": "A100",
+                "nvidia.com/gpu.memory": "81920",
+            },
+        },
+        "spec": {},
+        "status": {"allocatable": alloc, "capacity": alloc},
+    }
+
+
+def pod(
+    name: str,
+    *,
+    uid: str = "",
+    gpus: int = 0,
+    node_name: str = "",
+    annotations: dict[str, str] | None = None,
+    resources: dict[str, str] | None = None,
+    phase: str = "Pending",
+    namespace: str = "default",
+) -> JSON:
+    limits = dict(resources or {})
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid or f"uid-{name}",
+            "annotations": dict(annotations or {}),
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {
+            "nodeName": node_name,
+            "containers": [{"name": "c", "resources": {"limits": limits, "requests": {"cpu": "1"}}}],
+        },
+        "status": {"phase": phase},
+    }

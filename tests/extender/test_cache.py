@@ -1,0 +1,98 @@
+"""The watch cache under scripted events: usage, devices from annotations, assumed pods."""
+
+from __future__ import annotations
+
+import json
+
+from extender.cache import Cache
+from extender.objects import DEVICES_ANNOTATION, encode_devices
+from solver.model import DeviceAssignment
+from tests.extender.fakes import node, pod
+
+LEVELS = ("topology.phalanx.io/block", "topology.phalanx.io/rack", "kubernetes.io/hostname")
+
+
+def cache_with(*nodes: dict) -> Cache:  # type: ignore[type-arg]
+    cache = Cache(LEVELS)
+    cache.replace_nodes(list(nodes))
+    return cache
+
+
+def test_node_devices_and_topology_come_from_status_and_labels() -> None:
+    model = cache_with(node("n0", gpus=4)).node_model("n0")
+    assert model is not None
+    assert [d.index for d in model.gpus] == [0, 1, 2, 3]
+    assert model.topology == ("b0", "b0-r0", "n0")
+    assert model.allocatable.cpu_milli == 128000
+
+
+def test_mig_layout_annotation_places_slices_on_devices() -> None:
+    layout = json.dumps(
+        [{"index": 4, "profile": "1g.10gb", "slices": 7}, {"index": 5, "profile": "3g.40gb", "slices": 2}]
+    )
+    model = cache_with(node("n0", gpus=4, mig={"1g.10gb": 7, "3g.40gb": 2}, layout=layout)).node_model("n0")
+    assert model is not None
+    assert [(d.index, d.mig_free("1g.10gb"), d.mig_free("3g.40gb")) for d in model.gpus[4:]] == [(4, 7, 0), (5, 0, 2)]
+
+
+def test_bound_pod_devices_are_rebuilt_from_its_annotation() -> None:
+    cache = cache_with(node("n0", gpus=2))
+    devices = encode_devices((DeviceAssignment(1, 1000, 81920),))
+    cache.pod_event(
+        "ADDED", pod("p", gpus=1, node_name="n0", annotations={DEVICES_ANNOTATION: devices}, phase="Running")
+    )
+    model = cache.node_model("n0")
+    assert model is not None
+    assert [d.is_idle for d in model.gpus] == [True, False]
+
+
+def test_gpu_pod_without_annotation_gets_devices_inferred() -> None:
+    cache = cache_with(node("n0", gpus=2))
+    cache.pod_event("ADDED", pod("p", gpus=1, node_name="n0", phase="Running"))
+    model = cache.node_model("n0")
+    assert model is not None and model.idle_gpus == 1
+
+
+def test_deleted_and_finished_pods_free_their_devices() -> None:
+    cache = cache_with(node("n0", gpus=1))
+    cache.pod_event("ADDED", pod("p", gpus=1, node_name="n0", phase="Running"))
+    assert cache.node_model("n0").idle_gpus == 0  # type: ignore[union-attr]
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", phase="Succeeded"))
+    assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", phase="Running"))
+    cache.pod_event("DELETED", pod("p", gpus=1, node_name="n0"))
+    assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
+
+
+def test_assumed_pod_counts_until_forgotten_and_is_kept_when_the_watch_confirms() -> None:
+    cache = cache_with(node("n0", gpus=2))
+    cache.pod_event("ADDED", pod("p", gpus=1))
+    cache.assume("uid-p", "n0", (DeviceAssignment(0, 1000, 81920),))
+    assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
+    cache.forget("uid-p")
+    assert cache.node_model("n0").idle_gpus == 2  # type: ignore[union-attr]
+    cache.assume("uid-p", "n0", (DeviceAssignment(0, 1000, 81920),))
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", phase="Running"))
+    assert "uid-p" not in cache.assumed
+    model = cache.node_model("n0")
+    assert model is not None and [d.is_idle for d in model.gpus] == [False, True]
+
+
+def test_versions_move_only_for_touched_nodes() -> None:
+    cache = cache_with(node("n0"), node("n1"))
+    before = dict(cache.version)
+    cache.pod_event("ADDED", pod("p", gpus=1, node_name="n1", phase="Running"))
+    assert cache.version["n0"] == before["n0"]
+    assert cache.version["n1"] > before["n1"]
+
+
+def test_relist_drops_vanished_objects() -> None:
+    cache = cache_with(node("n0"), node("n1"))
+    cache.replace_nodes([node("n1")])
+    assert cache.node_model("n0") is None and cache.node_model("n1") is not None
+
+
+def test_new_topology_levels_re_derive_paths() -> None:
+    cache = cache_with(node("n0"))
+    cache.configure(("topology.phalanx.io/rack",), 81920)
+    assert cache.node_model("n0").topology == ("b0-r0",)  # type: ignore[union-attr]

@@ -1,0 +1,161 @@
+"""The extender's HTTP surface in-process: exact wire format, errors, and bind behaviour."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from extender.app import Extender, Options
+from extender.objects import DEVICES_ANNOTATION
+from tests.extender.fakes import FakeKube, node, pod
+
+
+@pytest.fixture
+def ext() -> Iterator[tuple[Extender, FakeKube]]:
+    kube = FakeKube()
+    extender = Extender(kube, Options(port=0))
+    extender.cache.replace_nodes([node("n0", gpus=2), node("n1", gpus=8)])
+    extender.cache.replace_pods([])
+    for r in extender.reflectors:
+        r.listed.set()
+    thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield extender, kube
+    extender.server.shutdown()
+    extender.server.server_close()
+
+
+def call(extender: Extender, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(extender.server.url + path, data=data, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            payload = r.read()
+            status = r.status
+    except urllib.error.HTTPError as e:
+        payload, status = e.read(), e.code
+    try:
+        return status, json.loads(payload)
+    except ValueError:
+        return status, payload.decode()
+
+
+def test_filter_passes_gpu_nodes_that_fit_and_says_why_others_fail(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    status, body = call(extender, "/filter", {"Pod": pod("p", gpus=4), "NodeNames": ["n0", "n1", "ghost"]})
+    assert status == 200
+    assert body == {
+        "Nodes": None,
+        "NodeNames": ["n1"],
+        "FailedNodes": {"n0": "not enough idle GPUs: 2 idle, pod needs 4", "ghost": "node unknown to phalanx"},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+
+
+def test_filter_passes_pods_without_gpu_demand_through(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    _, body = call(extender, "/filter", {"Pod": pod("p"), "NodeNames": ["n0", "x"]})
+    assert body["NodeNames"] == ["n0", "x"] and body["FailedNodes"] == {}
+
+
+def test_invalid_gpu_request_is_unresolvable_on_every_node(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    bad = pod("p", annotations={"gpu-fraction": "2"})
+    _, body = call(extender, "/filter", {"Pod": bad, "NodeNames": ["n0"]})
+    assert body["NodeNames"] == []
+    assert body["FailedAndUnresolvableNodes"]["n0"].startswith("invalid GPU request: annotation gpu-fraction")
+
+
+def test_prioritize_prefers_the_fuller_node_in_compact_first_mode(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    extender.cache.pod_event("ADDED", pod("busy", gpus=1, node_name="n0", phase="Running"))
+    status, body = call(extender, "/prioritize", {"Pod": pod("p", gpus=1), "NodeNames": ["n0", "n1"]})
+    assert status == 200
+    scores = {h["Host"]: h["Score"] for h in body}
+    assert set(body[0]) == {"Host", "Score"}
+    assert scores["n0"] > scores["n1"]
+
+
+def test_bind_writes_devices_then_binds_and_accounts_at_once(ext: tuple[Extender, FakeKube]) -> None:
+    extender, kube = ext
+    p = pod("p", gpus=2, uid="u1")
+    kube.pods["default/p"] = p
+    extender.cache.pod_event("ADDED", p)
+    status, body = call(extender, "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "n0"})
+    assert (status, body) == (200, {"Error": ""})
+    methods = [(m, path.rsplit("/", 1)[-1]) for m, path, _ in kube.calls]
+    assert methods == [("PATCH", "p"), ("POST", "binding")]
+    assert json.loads(p["metadata"]["annotations"][DEVICES_ANNOTATION]) == [
+        {"index": 0, "milli": 1000, "memoryMiB": 81920},
+        {"index": 1, "milli": 1000, "memoryMiB": 81920},
+    ]
+    _, after = call(extender, "/filter", {"Pod": pod("q", gpus=1), "NodeNames": ["n0"]})
+    assert after["NodeNames"] == []  # the assumed pod holds both devices before any watch event
+
+
+def test_bind_failure_releases_the_assumed_devices(ext: tuple[Extender, FakeKube]) -> None:
+    extender, kube = ext
+    kube.fail_bind = True
+    p = pod("p", gpus=2, uid="u1")
+    kube.pods["default/p"] = p
+    extender.cache.pod_event("ADDED", p)
+    _, body = call(extender, "/bind", {"PodName": "p", "PodNamespace": "default", "PodUID": "u1", "Node": "n0"})
+    assert "etcd on fire" in body["Error"]
+    assert extender.cache.node_model("n0").idle_gpus == 2  # type: ignore[union-attr]
+
+
+def test_bind_of_an_already_bound_pod_is_idempotent(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    extender.cache.pod_event("ADDED", pod("p", uid="u1", node_name="n1", phase="Running"))
+    args = {"PodName": "p", "PodNamespace": "default", "PodUID": "u1"}
+    assert call(extender, "/bind", {**args, "Node": "n1"})[1] == {"Error": ""}
+    assert "already bound" in call(extender, "/bind", {**args, "Node": "n0"})[1]["Error"]
+
+
+def test_preempt_keeps_only_nodes_where_victims_free_enough_devices(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    for i in range(2):
+        extender.cache.pod_event("ADDED", pod(f"v{i}", uid=f"v{i}", gpus=1, node_name="n0", phase="Running"))
+    victims = {"n0": {"Pods": [{"UID": "v0"}], "NumPDBViolations": 0}, "n1": {"Pods": [], "NumPDBViolations": 0}}
+    _, body = call(extender, "/preempt", {"Pod": pod("p", gpus=2), "NodeNameToMetaVictims": victims})
+    assert set(body["NodeNameToMetaVictims"]) == {"n1"}
+    victims["n0"]["Pods"].append({"UID": "v1"})  # type: ignore[attr-defined]
+    _, body = call(extender, "/preempt", {"Pod": pod("p", gpus=2), "NodeNameToMetaVictims": victims})
+    assert set(body["NodeNameToMetaVictims"]) == {"n0", "n1"}
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "raw", "status", "fragment"),
+    [
+        ("not JSON", "/filter", b"{nope", 400, "not JSON"),
+        ("not an object", "/filter", b"[1]", 400, "JSON object"),
+        ("no Pod", "/filter", b'{"NodeNames": []}', 400, "field Pod"),
+        ("no NodeNames", "/filter", b'{"Pod": {"metadata": {}}}', 400, "NodeNames"),
+        ("bind without Node", "/bind", b'{"PodName": "p", "PodNamespace": "d", "PodUID": "u"}', 400, "Node"),
+        ("unknown verb", "/explode", b"{}", 404, "unknown verb"),
+    ],
+)
+def test_malformed_requests_get_a_clear_error_and_the_server_lives_on(
+    ext: tuple[Extender, FakeKube], case: str, path: str, raw: bytes, status: int, fragment: str
+) -> None:
+    extender, _ = ext
+    got, body = call(extender, path, raw=raw)
+    assert got == status and fragment in body["Error"]
+    assert call(extender, "/healthz")[0] == 200
+
+
+def test_health_readiness_and_metrics(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    assert call(extender, "/readyz")[0] == 200
+    call(extender, "/filter", {"Pod": pod("p", gpus=1), "NodeNames": ["n0"]})
+    status, text = call(extender, "/metrics")
+    assert status == 200 and 'phalanx_extender_request_seconds_count{verb="filter"}' in text
+    extender.reflectors[0].listed.clear()
+    assert call(extender, "/readyz")[0] == 503

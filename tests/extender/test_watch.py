@@ -1,0 +1,74 @@
+"""The reflector under scripted streams: list, events, bookmarks, 410 and recovery."""
+
+from __future__ import annotations
+
+import threading
+
+from extender.kube import Expired
+from extender.watch import Reflector
+from tests.extender.fakes import FakeKube
+
+
+def run_until(reflector: Reflector, done: threading.Event) -> None:
+    thread = reflector.start()
+    assert done.wait(10), "reflector did not reach the expected state"
+    reflector.stop()
+    thread.join(5)
+
+
+def test_list_then_events_in_order_with_bookmarks_skipped_and_410_relisting() -> None:
+    kube = FakeKube()
+    path = "/api/v1/things"
+    kube.lists[path] = [
+        [{"metadata": {"name": "a", "resourceVersion": "1"}}],
+        [{"metadata": {"name": "b", "resourceVersion": "5"}}],
+    ]
+    kube.streams[path] = [
+        [
+            {"type": "ADDED", "object": {"metadata": {"name": "x", "resourceVersion": "11"}}},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "12"}}},
+            {"type": "ERROR", "object": {"code": 410, "message": "too old"}},
+        ],
+        Expired,
+        [{"type": "DELETED", "object": {"metadata": {"name": "b", "resourceVersion": "20"}}}],
+    ]
+    seen: list[str] = []
+    lists: list[list[str]] = []
+    done = threading.Event()
+
+    def on_event(kind: str, obj: dict) -> None:  # type: ignore[type-arg]
+        seen.append(f"{kind}:{obj['metadata']['name']}")
+        if kind == "DELETED":
+            done.set()
+
+    reflector = Reflector(
+        kube,
+        path,
+        on_list=lambda items: lists.append([i["metadata"]["name"] for i in items]),
+        on_event=on_event,
+        name="things",
+    )
+    run_until(reflector, done)
+    assert lists[:3] == [["a"], ["b"], ["b"]]  # first list, re-list after ERROR 410, re-list after Expired
+    assert seen == ["ADDED:x", "DELETED:b"]
+    assert reflector.listed.is_set()
+    watches = [q for m, p, q in kube.calls if m == "GET"]
+    assert watches  # lists went through request()
+
+
+def test_resource_version_advances_with_events_and_bookmarks() -> None:
+    kube = FakeKube()
+    path = "/api/v1/things"
+    kube.lists[path] = [[]]
+    kube.streams[path] = [[{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "42"}}}]]
+    done = threading.Event()
+    reflector = Reflector(kube, path, on_list=lambda items: None, on_event=lambda k, o: None, name="things")
+    original = kube.stream
+
+    def stream(p: str, query: dict) -> object:  # type: ignore[type-arg]
+        if query["resourceVersion"] == "42":
+            done.set()
+        return original(p, query)
+
+    kube.stream = stream  # type: ignore[method-assign,assignment]
+    run_until(reflector, done)
