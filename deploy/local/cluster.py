@@ -359,7 +359,7 @@ class LocalCluster:
 
     def _launch(self, record: ClusterRecord, name: str, binary: Path, port: int, argv: list[str]) -> None:
         log = self.layout.log(name)
-        launched = process.start(argv, log_path=log)
+        launched = process.start(argv, log_path=log, die_with_parent=self.options.die_with_parent)
         self._handles[name] = launched
         record.components[name] = ComponentRecord(pid=launched.pid, binary=str(binary), port=port, log=str(log))
         save_record(self.layout, record)

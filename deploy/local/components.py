@@ -60,6 +60,8 @@ class ControlPlaneOptions:
     """klog level of kube-scheduler; 2 logs each binding, which e2e failures need."""
     pod_cidr: str = "10.0.0.0/16"
     """Range KWOK draws fake pod IPs from; kwok's default /24 runs out past 254 pods."""
+    die_with_parent: bool = False
+    """Components are killed when the thread that started them exits (for test sessions)."""
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Stopping sends SIGTERM, polls until the process is gone, and sends SIGKILL past 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _POLL_SECONDS = 0.05
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,27 @@ class Launched:
     handle: subprocess.Popen[bytes] | None
 
 
-def start(argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None = None) -> Launched:
-    """Start ``argv`` detached from our terminal, appending stdout and stderr to ``log_path``."""
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: ask the kernel for SIGKILL when the parent
+    # thread exits, so a test run that is killed outright leaves no control plane behind
+    # (SIGKILL, not SIGTERM: kube-apiserver lingers in graceful shutdown once etcd is gone).
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def start(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> Launched:
+    """Start ``argv`` detached from our terminal, appending stdout and stderr to ``log_path``.
+
+    ``die_with_parent`` ties the process to the calling thread's life (Linux
+    ``PR_SET_PDEATHSIG``); use it from long-lived test sessions, never from a short-lived CLI
+    or from a worker thread that exits before the cluster should stop.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} {' '.join(argv)}\n".encode())
@@ -41,6 +62,7 @@ def start(argv: Sequence[str], *, log_path: Path, env: Mapping[str, str] | None 
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env=dict(env) if env is not None else None,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
     _await_exec(handle, Path(argv[0]))
     return Launched(pid=handle.pid, handle=handle)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from deploy.local.cluster import LocalCluster
+from deploy.local.components import ControlPlaneOptions
 
 
 @pytest.fixture(scope="session")
@@ -20,7 +21,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A running LocalCluster with the nodes of config/cluster.yaml, torn down at session end."""
     if shutil.which("go") is None:
         pytest.skip("the Go toolchain is needed to build the local control plane")
-    local = LocalCluster("e2e", state_dir_path=tmp_path_factory.mktemp("cluster"))
+    # die_with_parent: a session killed outright (e.g. by a CI timeout) takes its cluster along.
+    options = ControlPlaneOptions(die_with_parent=True)
+    local = LocalCluster("e2e", state_dir_path=tmp_path_factory.mktemp("cluster"), options=options)
     try:
         local.up()
         yield local
