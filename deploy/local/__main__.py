@@ -1,4 +1,4 @@
-"""Command line: ``python -m deploy.local up|down|status|restart-scheduler|build|gomod``.
+"""Command line: ``python -m deploy.local up|down|status|run|restart-scheduler|build|gomod``.
 
 ``up`` builds the binaries on first use (several minutes; cached afterwards), starts the
 control plane, creates the nodes of ``config/cluster.yaml`` and prints the kubeconfig path.
@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from deploy.local.build import ensure_binaries
 from deploy.local.cluster import ClusterStatus, LocalCluster
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME
+from deploy.local.run import DEFAULT_SAMPLES, RunOptions, run
 from deploy.local.scheduler_config import DEFAULT_SCHEDULER_NAME, ManagedResource
 
 
@@ -51,10 +53,22 @@ def _parser() -> argparse.ArgumentParser:
             metavar="NAME[:ignored]",
             help="extender managedResources entry (repeatable; default: all pods)",
         )
+        sub.add_argument(
+            "--ignored-resource",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="resource NodeResourcesFit ignores (repeatable; e.g. nvidia.com/gpumem)",
+        )
 
     down = commands.add_parser("down", help="stop the cluster")
     down.add_argument("--keep", action="store_true", help="keep etcd data for the next up")
     commands.add_parser("status", help="show components, pids, ports, kubeconfig, nodes")
+    run = commands.add_parser("run", help="cluster + extender + samples, then serve until Ctrl-C (make run)")
+    run.add_argument("--port", type=int, help="extender port (default: a free one)")
+    run.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="manifest file or folder to apply")
+    run.add_argument("--once", action="store_true", help="exit after the placement report")
+    run.add_argument("--keep-cluster", action="store_true", help="leave the cluster running on exit")
     commands.add_parser("build", help="build the binaries (cached) and print their paths")
     commands.add_parser("gomod", help="regenerate the kube wrapper go.mod from kubernetes' own")
     return parser
@@ -99,17 +113,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command in ("up", "restart-scheduler"):
         names: list[str] = args.scheduler_names or [DEFAULT_SCHEDULER_NAME]
         managed = _managed(args.managed_resource)
+        ignored: list[str] = args.ignored_resource
         if args.command == "up":
             cluster.up(
                 extender_url=args.extender_url,
                 nodes=not args.no_nodes,
                 managed_resources=managed,
                 scheduler_names=names,
+                ignored_resources=ignored,
             )
         else:
-            cluster.restart_scheduler(args.extender_url, managed_resources=managed, scheduler_names=names)
+            cluster.restart_scheduler(
+                args.extender_url, managed_resources=managed, scheduler_names=names, ignored_resources=ignored
+            )
         print_status(cluster.status())
         print(f"export KUBECONFIG={cluster.kubeconfig_path}")
+    elif args.command == "run":
+        options = RunOptions(port=args.port, samples=Path(args.samples), once=args.once, keep_cluster=args.keep_cluster)
+        return run(cluster, options)
     elif args.command == "down":
         cluster.down(keep_data=args.keep)
     else:

@@ -45,9 +45,7 @@ from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME, sta
 from deploy.local.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
     ManagedResource,
-    extender_config,
-    render_scheduler_config,
-    scheduler_config,
+    SchedulerSettings,
 )
 from deploy.local.state import (
     COMPONENTS,
@@ -155,17 +153,23 @@ class LocalCluster:
         nodes: bool = True,
         managed_resources: Sequence[ManagedResource] = (),
         scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
+        ignored_resources: Sequence[str] = (),
     ) -> Self:
-        """Start the cluster (or reuse a healthy one) and create the spec's nodes."""
+        """Start the cluster (or reuse a healthy one) and create the spec's nodes.
+
+        The scheduler arguments mean what they mean for :meth:`restart_scheduler`; a reused
+        cluster's kube-scheduler is restarted only if its configuration would change.
+        """
+        settings = _settings(extender_url, managed_resources, scheduler_names, ignored_resources)
         with locked(self.layout):
             record = load_record(self.layout)
             if record is not None and self._healthy(record):
                 self._progress(f"cluster {self.name!r} already running; reusing it")
-                if self._scheduler_config_differs(extender_url, managed_resources, scheduler_names):
-                    self._restart_scheduler(record, extender_url, managed_resources, scheduler_names)
+                if self._scheduler_config_differs(settings):
+                    self._restart_scheduler(record, settings)
             else:
                 self._stop_all(record)
-                self._start(extender_url, managed_resources, scheduler_names)
+                self._start(settings)
         if nodes:
             self.create_nodes()
         self._progress(f"cluster {self.name!r} is up; kubeconfig: {self.kubeconfig_path}")
@@ -186,11 +190,17 @@ class LocalCluster:
         *,
         managed_resources: Sequence[ManagedResource] = (),
         scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
+        ignored_resources: Sequence[str] = (),
     ) -> None:
-        """Restart kube-scheduler, vanilla (``extender_url=None``) or calling the extender."""
+        """Restart kube-scheduler, stock (``extender_url=None``) or calling the extender.
+
+        ``managed_resources`` narrows which pods the extender sees (default: all);
+        ``ignored_resources`` are skipped by NodeResourcesFit (e.g. :data:`HAMI_RESOURCES`);
+        ``scheduler_names`` gives one profile per name.
+        """
+        settings = _settings(extender_url, managed_resources, scheduler_names, ignored_resources)
         with locked(self.layout):
-            record = self._require_record()
-            self._restart_scheduler(record, extender_url, managed_resources, scheduler_names)
+            self._restart_scheduler(self._require_record(), settings)
 
     def status(self) -> ClusterStatus:
         """Return pids, ports and liveness of each component and the node counts."""
@@ -269,25 +279,20 @@ class LocalCluster:
 
     # -- starting -----------------------------------------------------------------------------
 
-    def _start(
-        self,
-        extender_url: str | None,
-        managed_resources: Sequence[ManagedResource],
-        scheduler_names: Sequence[str],
-    ) -> None:
+    def _start(self, settings: SchedulerSettings) -> None:
         binaries = ensure_binaries(self._progress)
         ports = pick_ports()
         record = ClusterRecord(
             name=self.name,
-            extender_url=extender_url,
-            scheduler_names=tuple(scheduler_names),
+            extender_url=settings.extender_url,
+            scheduler_names=settings.scheduler_names,
             apiserver_url=f"https://{LOOPBACK}:{ports.apiserver}",
         )
         try:
             tokens = self._prepare_files(record.apiserver_url)
             self._start_etcd(record, binaries, ports)
             self._start_apiserver(record, binaries, ports, tokens)
-            self._write_scheduler_config(extender_url, managed_resources, scheduler_names)
+            self.layout.scheduler_config.write_text(settings.render(self.layout.scheduler_kubeconfig))
             self._launch_scheduler(record, binaries.kube_scheduler, ports.scheduler)
             kwok = kwok_argv(
                 binaries.kwok,
@@ -400,34 +405,9 @@ class LocalCluster:
 
     # -- scheduler ----------------------------------------------------------------------------
 
-    def _render_scheduler_config(
-        self,
-        extender_url: str | None,
-        managed_resources: Sequence[ManagedResource],
-        scheduler_names: Sequence[str],
-    ) -> str:
-        extender = extender_config(extender_url, managed_resources=managed_resources) if extender_url else None
-        config = scheduler_config(self.layout.scheduler_kubeconfig, extender=extender, scheduler_names=scheduler_names)
-        return render_scheduler_config(config)
-
-    def _write_scheduler_config(
-        self,
-        extender_url: str | None,
-        managed_resources: Sequence[ManagedResource],
-        scheduler_names: Sequence[str],
-    ) -> None:
-        text = self._render_scheduler_config(extender_url, managed_resources, scheduler_names)
-        self.layout.scheduler_config.write_text(text)
-
-    def _scheduler_config_differs(
-        self,
-        extender_url: str | None,
-        managed_resources: Sequence[ManagedResource],
-        scheduler_names: Sequence[str],
-    ) -> bool:
-        wanted = self._render_scheduler_config(extender_url, managed_resources, scheduler_names)
+    def _scheduler_config_differs(self, settings: SchedulerSettings) -> bool:
         path = self.layout.scheduler_config
-        return not path.is_file() or path.read_text() != wanted
+        return not path.is_file() or path.read_text() != settings.render(self.layout.scheduler_kubeconfig)
 
     def _launch_scheduler(self, record: ClusterRecord, binary: Path, port: int) -> None:
         argv = scheduler_argv(
@@ -439,21 +419,14 @@ class LocalCluster:
         )
         self._launch(record, "kube-scheduler", binary, port, argv)
 
-    def _restart_scheduler(
-        self,
-        record: ClusterRecord,
-        extender_url: str | None,
-        managed_resources: Sequence[ManagedResource],
-        scheduler_names: Sequence[str],
-    ) -> None:
+    def _restart_scheduler(self, record: ClusterRecord, settings: SchedulerSettings) -> None:
         old = record.components["kube-scheduler"]
         self._stop_component("kube-scheduler", old)
-        self._write_scheduler_config(extender_url, managed_resources, scheduler_names)
-        record.extender_url, record.scheduler_names = extender_url, tuple(scheduler_names)
+        self.layout.scheduler_config.write_text(settings.render(self.layout.scheduler_kubeconfig))
+        record.extender_url, record.scheduler_names = settings.extender_url, settings.scheduler_names
         self._launch_scheduler(record, Path(old.binary), old.port)
         self._wait_healthy(record, "kube-scheduler", self.timeouts.scheduler)
-        mode = f"extender {extender_url}" if extender_url else "vanilla"
-        self._progress(f"kube-scheduler restarted ({mode})")
+        self._progress(f"kube-scheduler restarted ({settings.describe()})")
 
     # -- stopping -----------------------------------------------------------------------------
 
@@ -479,3 +452,17 @@ class LocalCluster:
         if record is None or not self._healthy(record):
             raise RuntimeError(f"cluster {self.name!r} is not running (state: {self.state_dir})")
         return record
+
+
+def _settings(
+    extender_url: str | None,
+    managed_resources: Sequence[ManagedResource],
+    scheduler_names: Sequence[str],
+    ignored_resources: Sequence[str],
+) -> SchedulerSettings:
+    return SchedulerSettings(
+        extender_url=extender_url,
+        managed_resources=tuple(managed_resources),
+        scheduler_names=tuple(scheduler_names),
+        ignored_resources=tuple(ignored_resources),
+    )

@@ -23,6 +23,8 @@ import yaml
 
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
+HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores")
+"""Per-device GPU memory / core shares that Phalanx understands and no node advertises."""
 
 
 @dataclass(frozen=True)
@@ -62,22 +64,30 @@ def scheduler_config(
     *,
     extender: dict[str, Any] | None = None,
     scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
+    ignored_resources: Sequence[str] = (),
     percentage_of_nodes_to_score: int | None = None,
     qps: float = 100.0,
     burst: int = 200,
 ) -> dict[str, Any]:
     """Return a KubeSchedulerConfiguration; ``extender`` comes from :func:`extender_config`.
 
-    One profile per name in ``scheduler_names`` (all with the default plugins). Leader election
-    is off: there is a single scheduler, and a restart must not wait out an old lease. QPS and
-    burst are raised from 50/100 so binding thousands of benchmark pods is not client-throttled.
+    One profile per name in ``scheduler_names``, all with the default plugins; with
+    ``ignored_resources`` their NodeResourcesFit skips those resources (no node advertises
+    HAMi-style ``nvidia.com/gpumem``, so otherwise such pods fit nowhere before the extender is
+    asked). Leader election is off: there is one scheduler, and a restart must not wait out an
+    old lease. QPS and burst are raised from 50/100 so binding thousands of benchmark pods is
+    not client-throttled.
     """
+    profile_extras: dict[str, Any] = {}
+    if ignored_resources:
+        fit_args = {"ignoredResources": list(ignored_resources)}
+        profile_extras["pluginConfig"] = [{"name": "NodeResourcesFit", "args": fit_args}]
     config: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig), "qps": qps, "burst": burst},
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": name} for name in scheduler_names],
+        "profiles": [{"schedulerName": name, **profile_extras} for name in scheduler_names],
     }
     if extender is not None:
         config["extenders"] = [extender]
@@ -87,6 +97,28 @@ def scheduler_config(
     return config
 
 
-def render_scheduler_config(config: dict[str, Any]) -> str:
-    """Render a scheduler configuration as YAML (stable key order, so renders compare equal)."""
-    return yaml.safe_dump(config, sort_keys=False)
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """Everything that decides kube-scheduler's configuration file; None URL = stock scheduler."""
+
+    extender_url: str | None = None
+    managed_resources: tuple[ManagedResource, ...] = ()
+    scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,)
+    ignored_resources: tuple[str, ...] = ()
+
+    def render(self, kubeconfig: Path) -> str:
+        """Return the configuration file's text (stable, so two renders compare equal)."""
+        extender = None
+        if self.extender_url:
+            extender = extender_config(self.extender_url, managed_resources=self.managed_resources)
+        config = scheduler_config(
+            kubeconfig,
+            extender=extender,
+            scheduler_names=self.scheduler_names,
+            ignored_resources=self.ignored_resources,
+        )
+        return yaml.safe_dump(config, sort_keys=False)
+
+    def describe(self) -> str:
+        """One-line summary for logs."""
+        return f"extender {self.extender_url}" if self.extender_url else "vanilla"
