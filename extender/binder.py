@@ -1,8 +1,10 @@
-"""Binding: write the device assignment on the pod, then create its Binding; and Events.
+"""Binding, with the device assignment riding on it; and Events.
 
-The annotation goes first so that the node agent and a restarted extender always find the
-devices of a bound pod. Both writes are idempotent: a retried bind of a pod already bound to
-the same node succeeds, and the annotation patch is a merge patch.
+The device annotation is set by the Binding itself (kube-apiserver copies a Binding's
+annotations onto the pod in the same update that sets spec.nodeName), so a bound pod always
+carries its devices: the node agent and a restarted extender find them, and there is no window
+where one write landed without the other. A retried bind of a pod already bound to the same
+node succeeds.
 """
 
 from __future__ import annotations
@@ -26,17 +28,16 @@ class Binder:
         self.kube = kube
 
     def bind(self, namespace: str, name: str, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        """One call: the API server copies a Binding's annotations onto the pod as it sets the
+        node, so the device record and the binding land together or not at all."""
         pod_path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if devices:
-            patch = {"metadata": {"annotations": {DEVICES_ANNOTATION: encode_devices(devices)}}}
-            check(
-                self.kube.request("PATCH", pod_path, body=patch, content_type="application/merge-patch+json"),
-                f"annotate pod {namespace}/{name}",
-            )
+            meta["annotations"] = {DEVICES_ANNOTATION: encode_devices(devices)}
         body = {
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         response = self.kube.request("POST", f"{pod_path}/binding", body=body)

@@ -92,11 +92,17 @@ class Cache:
                 self._set_pod(pod)
 
     def pod_event(self, kind: str, obj: JSON) -> None:
+        meta = obj.get("metadata") or {}
+        if kind == "DELETED":
+            with self.lock:
+                self._drop_pod(meta.get("uid", ""))
+            return
+        old = self.pods.get(meta.get("uid", ""))
+        if old is not None and _same_placement(old, obj):
+            return  # status chatter (conditions, IPs): nothing the solver sees changed
+        info = pod_info(obj)  # parsed outside the lock
         with self.lock:
-            if kind == "DELETED":
-                self._drop_pod((obj.get("metadata") or {}).get("uid", ""))
-            else:
-                self._set_pod(pod_info(obj))
+            self._set_pod(info)
 
     def _set_node(self, info: NodeInfo) -> None:
         if self.nodes.get(info.name) == info:
@@ -230,6 +236,16 @@ class Cache:
     def assumed_usage(self, uid: str) -> tuple[str, tuple[DeviceAssignment, ...]] | None:
         with self.lock:
             return self.assumed.get(uid)
+
+
+def _same_placement(old: PodInfo, obj: JSON) -> bool:
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return (
+        old.node == (spec.get("nodeName") or "")
+        and old.phase == status.get("phase", "Pending")
+        and old.annotations == (meta.get("annotations") or {})
+        and old.labels == (meta.get("labels") or {})
+    )
 
 
 class _MutableDevice:

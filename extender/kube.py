@@ -62,7 +62,7 @@ class RestKube:
         if token:
             prefix = cfg.api_key_prefix.get("authorization", "")
             self.headers["Authorization"] = f"{prefix} {token}".strip() if not token.startswith("Bearer") else token
-        kwargs: dict[str, Any] = {"maxsize": 16, "block": False}
+        kwargs: dict[str, Any] = {"maxsize": 64, "block": False}
         if self.host.startswith("https"):
             kwargs.update(cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE", ca_certs=cfg.ssl_ca_cert)
             if cfg.cert_file:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Extender calls are sub-millisecond to a few ms; gang binds wait up to the gang timeout.
@@ -36,3 +39,33 @@ class Metrics:
         self.solve_seconds = Histogram(
             "phalanx_solver_seconds", "Solver time per plan.", buckets=LATENCY_BUCKETS, registry=self.registry
         )
+        # Raw latencies of the most recent calls per verb, for exact percentiles (/api/v1/stats).
+        self._samples: dict[str, deque[float]] = {}
+        self._lock = threading.Lock()
+
+    def observe(self, verb: str, seconds: float) -> None:
+        self.latency.labels(verb).observe(seconds)
+        with self._lock:
+            self._samples.setdefault(verb, deque(maxlen=100_000)).append(seconds)
+
+    def percentiles(self) -> dict[str, dict[str, float]]:
+        """Per verb: count, p50 and p99 in ms over the recent calls (nearest rank)."""
+        out = {}
+        with self._lock:
+            snapshot = {verb: sorted(values) for verb, values in self._samples.items()}
+        for verb, values in snapshot.items():
+            out[verb] = {
+                "count": len(values),
+                "p50_ms": _nearest_rank(values, 0.50) * 1000,
+                "p99_ms": _nearest_rank(values, 0.99) * 1000,
+            }
+        return out
+
+    def reset_samples(self) -> None:
+        with self._lock:
+            self._samples.clear()
+
+
+def _nearest_rank(ordered: list[float], q: float) -> float:
+    n = len(ordered)
+    return ordered[min(n - 1, max(0, round(q * n + 0.5) - 1))]

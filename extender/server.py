@@ -54,6 +54,9 @@ class Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, the body waits for the
+    # client's delayed ACK (40 ms on Linux) on every keep-alive call.
+    disable_nagle_algorithm = True
     server: Server
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -68,6 +71,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
         elif path == "/metrics":
             self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        elif path == "/api/v1/stats":
+            self._json(200, {"latency": self.server.metrics.percentiles()})
         else:
             for prefix, read in self.server.reads.items():
                 if path.startswith(prefix):
@@ -75,6 +80,13 @@ class _Handler(BaseHTTPRequestHandler):
                     self._json(status, body)
                     return
             self._json(404, {"error": f"no route {path}"})
+
+    def do_DELETE(self) -> None:
+        if self.path.split("?", 1)[0] == "/api/v1/stats":
+            self.server.metrics.reset_samples()
+            self._json(200, {"reset": True})
+        else:
+            self._json(404, {"error": f"no route {self.path}"})
 
     def do_POST(self) -> None:
         verb = self.path.strip("/").split("?", 1)[0]
@@ -105,7 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(500, {"Error": f"internal error in {verb}: {e}"})
         finally:
             if route is not None:
-                self.server.metrics.latency.labels(verb).observe(time.perf_counter() - started)
+                self.server.metrics.observe(verb, time.perf_counter() - started)
 
     def _json(self, status: int, body: Any) -> None:
         self._send(status, json.dumps(body, separators=(",", ":")).encode(), "application/json")

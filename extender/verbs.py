@@ -54,11 +54,27 @@ class Verbs:
         self.metrics = metrics
         self._memo: dict[tuple[Any, ...], _Memo] = {}
         self._memo_lock = threading.Lock()
+        self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
 
     # ------------------------------------------------------------------ filter
 
+    def _pod(self, args: dict[str, Any]) -> PodInfo:
+        """The request's pod, parsed once per (uid, resourceVersion): filter and prioritize of
+        one scheduling cycle carry the same pod."""
+        obj = args.get("Pod")
+        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+            raise BadRequest("missing or malformed field Pod")
+        meta = obj["metadata"]
+        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
+        pod = self._parsed.get(key)
+        if pod is None:
+            if len(self._parsed) > 4096:
+                self._parsed.clear()
+            pod = self._parsed[key] = pod_info(obj)
+        return pod
+
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
-        pod, names = _pod(args), _node_names(args)
+        pod, names = self._pod(args), _node_names(args)
         if pod.error:
             failed = {n: f"{INVALID_REQUEST}: {pod.error}" for n in names}
             return self._filter_reply([], {}, failed, pod, "invalid")
@@ -113,13 +129,16 @@ class Verbs:
     # ------------------------------------------------------------------ prioritize
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        pod, names = _pod(args), _node_names(args)
+        """Scores for GPU pods only, shifted so the lowest is 0 and zeros left out: the
+        scheduler adds nothing for a missing host, and a shift common to all hosts keeps their
+        order, so the reply stays small when most nodes look alike."""
+        pod, names = self._pod(args), _node_names(args)
         if pod.error or pod.demand.kind is GpuKind.NONE:
-            return [{"Host": n, "Score": 0} for n in names]
+            return []
         shape = PodShape(pod.requests, pod.demand)
         memo = self._memo_for(shape)
         mode = PlacementMode(self.config.gpu.placement_mode)
-        out = []
+        scores = []
         for name in names:
             version = self.cache.version.get(name, -1)
             hit = memo.scores.get(name)
@@ -127,8 +146,9 @@ class Verbs:
                 node = self.cache.node_model(name)
                 hit = (version, single.score(node, shape, mode) if node is not None else 0)
                 memo.scores[name] = hit
-            out.append({"Host": name, "Score": hit[1]})
-        return out
+            scores.append(hit[1])
+        low = min(scores, default=0)
+        return [{"Host": n, "Score": s - low} for n, s in zip(names, scores, strict=True) if s > low]
 
     def _memo_for(self, shape: PodShape) -> _Memo:
         key = (shape.requests, shape.gpu)
@@ -209,7 +229,7 @@ class Verbs:
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         """Keep the candidate nodes where evicting the proposed victims frees devices that fit
         the preemptor; drop the others (kube-scheduler then skips them)."""
-        pod = _pod(args)
+        pod = self._pod(args)
         victims = args.get("NodeNameToMetaVictims") or {}
         if not isinstance(victims, dict):
             raise BadRequest("preempt: NodeNameToMetaVictims must be an object")
@@ -223,13 +243,6 @@ class Verbs:
             if model is not None and single.fits(model, shape):
                 kept[node] = meta
         return {"NodeNameToMetaVictims": kept}
-
-
-def _pod(args: dict[str, Any]) -> PodInfo:
-    obj = args.get("Pod")
-    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-        raise BadRequest("missing or malformed field Pod")
-    return pod_info(obj)
 
 
 def _node_names(args: dict[str, Any]) -> list[str]:

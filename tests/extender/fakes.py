@@ -52,6 +52,8 @@ class FakeKube:
                 if pod["spec"].get("nodeName"):
                     return Response(409, {"message": "already bound"})
                 pod["spec"]["nodeName"] = body["target"]["name"]
+                annotations = body["metadata"].get("annotations") or {}
+                pod["metadata"].setdefault("annotations", {}).update(annotations)  # as kube-apiserver does
                 return Response(201, {})
         if method == "POST" and path.endswith("/events"):
             return Response(201, body)

@@ -1,0 +1,321 @@
+"""Scheduling throughput on KWOK nodes: vanilla kube-scheduler vs kube-scheduler + Phalanx.
+
+One local control plane (deploy/local) with N fake 8-GPU nodes; the same pod mix is scheduled
+by the vanilla scheduler and by the scheduler calling the Phalanx extender (filter, prioritize,
+bind, preempt over HTTP, a separate process as in a sidecar), alternating modes in one run.
+
+Method: pods are created first with a scheduler name no running profile serves, so they wait;
+then kube-scheduler restarts with that profile (vanilla, or with the extender) and a watch
+records when each pod gets its node. Throughput is the steady rate between 10 % and 90 %
+bound, which leaves scheduler start-up out.
+
+Extender latency per verb (p50/p99) comes from the extender's own per-call timings
+(/api/v1/stats, reset before each round) and is reported twice: at saturation (the throughput
+rounds, where kube-apiserver and kube-scheduler keep both cores of a 2-core machine busy and
+every process waits for CPU), and in a paced round where pods arrive at a steady
+--paced-rate, as in normal operation. `filter_p99_ms` is the paced figure,
+`filter_p99_saturated_ms` the other.
+
+    python -m benchmarks.kwok_throughput [--quick] [--nodes N] [--pods N] [--rounds N]
+                                         [--paced-rate R] [--extender-nice N] [--no-record]
+
+Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import median, record
+from deploy.local.cluster import LocalCluster
+from deploy.local.components import ControlPlaneOptions
+from extender.kube import RestKube
+
+NS = "default"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pod_body(name: str, scheduler: str, gpu: bool) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": "1"} if gpu else {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"bench": scheduler}},
+        "spec": {
+            "schedulerName": scheduler,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "x",
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": limits},
+                }
+            ],
+        },
+    }
+
+
+def create_pods(kube: RestKube, scheduler: str, count: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    bodies = [pod_body(f"{scheduler}-{i:05d}", scheduler, rnd.random() < 0.7) for i in range(count)]
+
+    def post(body: dict[str, Any]) -> None:
+        r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
+        if r.status not in (201, 409):
+            raise RuntimeError(f"create pod: HTTP {r.status}: {r.body}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(post, bodies))
+
+
+class BindWatch:
+    """Records when each pod of one scheduler name first has a node."""
+
+    def __init__(self, kube: RestKube, scheduler: str) -> None:
+        self.kube = kube
+        self.selector = f"bench={scheduler}"
+        self.bound: dict[str, float] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            listing = self.kube.request(
+                "GET", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": self.selector}
+            )
+            rv = listing.body["metadata"]["resourceVersion"]
+            for p in listing.body["items"]:
+                if p["spec"].get("nodeName"):
+                    self.bound.setdefault(p["metadata"]["name"], time.monotonic())
+            query = {
+                "labelSelector": self.selector,
+                "watch": "1",
+                "resourceVersion": rv,
+                "timeoutSeconds": "60",
+            }
+            try:
+                for event in self.kube.stream(f"/api/v1/namespaces/{NS}/pods", query):
+                    obj = event.get("object") or {}
+                    if (obj.get("spec") or {}).get("nodeName"):
+                        self.bound.setdefault(obj["metadata"]["name"], time.monotonic())
+                    if self.stop.is_set():
+                        return
+            except Exception:
+                time.sleep(0.2)
+
+
+def rate(times: list[float], total: int) -> float:
+    """Pods per second between 10 % and 90 % of `total` bound."""
+    ordered = sorted(times)
+    lo, hi = ordered[int(0.1 * total)], ordered[int(0.9 * total) - 1]
+    return (int(0.9 * total) - int(0.1 * total) - 1) / max(1e-9, hi - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(method: str, url: str) -> Any:
+    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+        return json.loads(r.read())
+
+
+def start_extender(kubeconfig: Path, port: int, log: Path, nice: int) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    prefix = ["nice", "-n", str(nice)] if nice else []
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-m", "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"extender did not become ready; see {log}")
+
+
+def one_round(
+    cluster: LocalCluster, kube: RestKube, *, mode: str, index: int, pods: int, ext_url: str
+) -> dict[str, Any]:
+    scheduler = f"bench-{mode}-{index}"
+    create_pods(kube, scheduler, pods, seed=index)
+    watch = BindWatch(kube, scheduler)
+    watch.start()
+    if mode == "phalanx":
+        http_json("DELETE", f"{ext_url}/api/v1/stats")
+    started = time.monotonic()
+    cluster.restart_scheduler(
+        ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler]
+    )
+    deadline = started + max(300, pods / 5)
+    while len(watch.bound) < pods and time.monotonic() < deadline:
+        time.sleep(0.2)
+    watch.stop.set()
+    bound = len(watch.bound)
+    result: dict[str, Any] = {"mode": mode, "pods": pods, "bound": bound}
+    result["pods_per_s"] = rate(list(watch.bound.values()), pods) if bound == pods else 0.0
+    if mode == "phalanx":
+        result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
+    kube.request(
+        "DELETE",
+        f"/api/v1/namespaces/{NS}/pods",
+        query={"labelSelector": f"bench={scheduler}", "gracePeriodSeconds": "0"},
+    )
+    return result
+
+
+def paced_round(
+    cluster: LocalCluster, kube: RestKube, *, rate_per_s: float, seconds: float, ext_url: str
+) -> dict[str, Any]:
+    """Extender latency at a steady load below saturation: pods arrive at `rate_per_s` while
+    the scheduler (with the extender) runs, as in a cluster in normal operation."""
+    scheduler = "bench-paced"
+    cluster.restart_scheduler(ext_url, scheduler_names=["default-scheduler", scheduler])
+    http_json("DELETE", f"{ext_url}/api/v1/stats")
+    watch = BindWatch(kube, scheduler)
+    watch.start()
+    rnd = random.Random(7)
+    total = int(rate_per_s * seconds)
+    start = time.monotonic()
+    for i in range(total):
+        time.sleep(max(0.0, start + i / rate_per_s - time.monotonic()))
+        body = pod_body(f"{scheduler}-{i:05d}", scheduler, rnd.random() < 0.7)
+        kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
+    deadline = time.monotonic() + 120
+    while len(watch.bound) < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    watch.stop.set()
+    latency = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
+    kube.request(
+        "DELETE",
+        f"/api/v1/namespaces/{NS}/pods",
+        query={"labelSelector": f"bench={scheduler}", "gracePeriodSeconds": "0"},
+    )
+    return {"pods": total, "bound": len(watch.bound), "rate": rate_per_s, "latency": latency}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200 nodes, 400 pods, one round per mode")
+    ap.add_argument("--nodes", type=int)
+    ap.add_argument("--pods", type=int)
+    ap.add_argument("--rounds", type=int, help="rounds per mode, alternating (default 2, quick 1)")
+    ap.add_argument(
+        "--extender-nice",
+        type=int,
+        default=0,
+        help="run the extender at this nice value (e.g. -5 stands in for a sidecar's reserved CPU)",
+    )
+    ap.add_argument("--paced-rate", type=float, default=30.0, help="pods/s of the steady-load latency round")
+    ap.add_argument("--no-record", action="store_true")
+    args = ap.parse_args()
+    nodes = args.nodes or (200 if args.quick else 1000)
+    pods = args.pods or (400 if args.quick else 2000)
+    rounds = args.rounds or (1 if args.quick else 2)
+    state = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+    cluster = LocalCluster("bench", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
+    ext = None
+    results: list[dict[str, Any]] = []
+    paced: dict[str, Any] = {"rate": args.paced_rate, "latency": {}}
+    try:
+        cluster.up(nodes=False)
+        cluster.create_nodes(nodes)
+        kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+        port = free_port()
+        ext = start_extender(cluster.kubeconfig_path, port, state / "extender.log", args.extender_nice)
+        ext_url = f"http://127.0.0.1:{port}"
+        for i in range(rounds):
+            for mode in ("vanilla", "phalanx"):
+                r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url)
+                print(
+                    f"round {i} {mode:8} bound {r['bound']}/{pods}  {r['pods_per_s']:.1f} pods/s", flush=True
+                )
+                results.append(r)
+        paced = paced_round(
+            cluster, kube, rate_per_s=args.paced_rate, seconds=10 if args.quick else 30, ext_url=ext_url
+        )
+        print(f"paced    bound {paced['bound']}/{paced['pods']} at {args.paced_rate:g} pods/s", flush=True)
+    finally:
+        if ext is not None:
+            ext.terminate()
+            ext.wait(10)
+        cluster.down()
+    vanilla = median([r["pods_per_s"] for r in results if r["mode"] == "vanilla"])
+    phalanx = median([r["pods_per_s"] for r in results if r["mode"] == "phalanx"])
+    latency: dict[str, dict[str, float]] = {}
+    for r in results:
+        for verb, stats in (r.get("latency") or {}).items():
+            cur = latency.setdefault(verb, {"p50_ms": 0.0, "p99_ms": 0.0, "count": 0})
+            cur["p50_ms"] = max(cur["p50_ms"], stats["p50_ms"])
+            cur["p99_ms"] = max(cur["p99_ms"], stats["p99_ms"])
+            cur["count"] += stats["count"]
+    lines = [
+        f"{nodes} KWOK nodes (8 GPUs each), {pods} pods per round (70 % 1-GPU, 30 % CPU-only), "
+        f"{rounds} round(s) per mode, alternating; extender nice {args.extender_nice}"
+    ]
+    lines += [
+        f"round {i // 2} {r['mode']:8} {r['pods_per_s']:8.1f} pods/s ({r['bound']}/{pods} bound)"
+        for i, r in enumerate(results)
+    ]
+    lines += [
+        f"extender at saturation {verb:10} p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms  ({s['count']} calls)"
+        for verb, s in sorted(latency.items())
+    ]
+    lines += [
+        f"extender at {paced['rate']:g} pods/s {verb:10} p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms  "
+        f"({s['count']} calls)"
+        for verb, s in sorted(paced["latency"].items())
+    ]
+    headline = {
+        "vanilla_pods_per_s": round(vanilla, 1),
+        "phalanx_pods_per_s": round(phalanx, 1),
+        "ratio": round(phalanx / vanilla, 3) if vanilla else 0.0,
+        "filter_p99_ms": round(paced["latency"].get("filter", {}).get("p99_ms", float("nan")), 3),
+        "filter_p99_saturated_ms": round(latency.get("filter", {}).get("p99_ms", float("nan")), 3),
+        "paced_pods_per_s": paced["rate"],
+        "nodes": nodes,
+        "pods": pods,
+    }
+    for verb, s in paced["latency"].items():
+        headline[f"{verb}_p50_ms"] = round(s["p50_ms"], 3)
+        headline[f"{verb}_p99_ms"] = round(s["p99_ms"], 3)
+    for verb, s in latency.items():
+        headline[f"{verb}_p99_saturated_ms"] = round(s["p99_ms"], 3)
+    print("\n".join(lines))
+    if not args.no_record:
+        record(
+            "kwok_throughput" + (" --quick" if args.quick else ""),
+            "```\n" + "\n".join(lines) + "\n```",
+            headline,
+        )
+    print(json.dumps(headline, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
