@@ -50,6 +50,10 @@ class Cache:
         self.on_node: dict[str, set[str]] = {}  # node -> uids counted there
         self.version: dict[str, int] = {}
         self._models: dict[str, tuple[int, Node]] = {}
+        # Every node touch, in order: readers remember how far they have read and re-check
+        # only the nodes touched since. Trimmed by starting a new epoch.
+        self._changes: list[str] = []
+        self.epoch = 0
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
 
     # ------------------------------------------------------------------ events
@@ -145,6 +149,18 @@ class Cache:
     def _touch(self, node: str) -> None:
         self.generation += 1
         self.version[node] = self.version.get(node, 0) + 1
+        self._changes.append(node)
+        if len(self._changes) > 200_000:
+            self._changes = []
+            self.epoch += 1
+
+    def changes_since(self, epoch: int, cursor: int) -> tuple[list[str] | None, int, int]:
+        """Nodes touched since (epoch, cursor), or None when the log was trimmed in between
+        (the reader starts over); with the new (epoch, cursor)."""
+        with self.lock:
+            if epoch != self.epoch:
+                return None, self.epoch, len(self._changes)
+            return self._changes[cursor:], epoch, len(self._changes)
 
     # ------------------------------------------------------------------ assume
 

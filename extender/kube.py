@@ -8,12 +8,12 @@ milliseconds per object, which a watch over thousands of pods cannot afford.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes import client, config
 
@@ -92,9 +92,9 @@ class RestKube:
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
-            data = json.dumps(body).encode()
+            data = orjson.dumps(body)
         r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
-        return Response(r.status, json.loads(r.data) if r.data else None)
+        return Response(r.status, orjson.loads(r.data) if r.data else None)
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
         """Watch events, one decoded JSON object per line, until the server closes."""
@@ -112,7 +112,7 @@ class RestKube:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         finally:
             r.release_conn()
 

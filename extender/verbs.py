@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import structlog
 
 from extender.binder import Binder
@@ -40,10 +41,27 @@ class BadRequest(ValueError):
 
 @dataclass
 class _Memo:
-    """Per pod shape: node -> (node version, fits, reason or score)."""
+    """Per pod shape: which nodes were checked, why the failing ones fail, and scores. Synced
+    from the cache's change log, so each call re-checks only nodes touched since the last."""
 
-    fits: dict[str, tuple[int, bool, str]] = field(default_factory=dict)
-    scores: dict[str, tuple[int, int]] = field(default_factory=dict)
+    epoch: int = -1
+    cursor: int = 0
+    checked: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)
+    scores: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def sync(self, cache: Cache) -> None:
+        changed, self.epoch, self.cursor = cache.changes_since(self.epoch, self.cursor)
+        if changed is None:
+            self.checked.clear()
+            self.failed.clear()
+            self.scores.clear()
+            return
+        for name in changed:
+            self.checked.discard(name)
+            self.failed.pop(name, None)
+            self.scores.pop(name, None)
 
 
 class Verbs:
@@ -55,6 +73,7 @@ class Verbs:
         self._memo: dict[tuple[Any, ...], _Memo] = {}
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
+        self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
 
     # ------------------------------------------------------------------ filter
 
@@ -82,29 +101,23 @@ class Verbs:
             return self._filter_reply(names, {}, {}, pod, "passthrough")
         shape = PodShape(pod.requests, pod.demand)
         memo = self._memo_for(shape)
-        passed, failed = [], {}
-        for name in names:
-            ok, reason = self._fits(memo, name, shape)
-            if ok:
-                passed.append(name)
-            else:
-                failed[name] = reason
+        with memo.lock:
+            memo.sync(self.cache)
+            for name in names:
+                if name not in memo.checked:
+                    self._check(memo, name, shape)
+            failing = memo.failed
+            passed = [n for n in names if n not in failing]
+            failed = {n: failing[n] for n in names if n in failing} if len(passed) < len(names) else {}
         return self._filter_reply(passed, failed, {}, pod, "fits" if passed else "unschedulable")
 
-    def _fits(self, memo: _Memo, name: str, shape: PodShape) -> tuple[bool, str]:
-        version = self.cache.version.get(name, -1)
-        hit = memo.fits.get(name)
-        if hit is not None and hit[0] == version:
-            return hit[1], hit[2]
+    def _check(self, memo: _Memo, name: str, shape: PodShape) -> None:
         node = self.cache.node_model(name)
+        memo.checked.add(name)
         if node is None:
-            result = (False, NOT_IN_CACHE)
-        elif single.fits(node, shape):
-            result = (True, "")
-        else:
-            result = (False, single.reason(node, shape))
-        memo.fits[name] = (version, *result)
-        return result
+            memo.failed[name] = NOT_IN_CACHE
+        elif not single.fits(node, shape):
+            memo.failed[name] = single.reason(node, shape)
 
     def _filter_reply(
         self, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], pod: PodInfo, outcome: str
@@ -128,7 +141,7 @@ class Verbs:
 
     # ------------------------------------------------------------------ prioritize
 
-    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+    def prioritize(self, args: dict[str, Any]) -> list[Any]:
         """Scores for GPU pods only, shifted so the lowest is 0 and zeros left out: the
         scheduler adds nothing for a missing host, and a shift common to all hosts keeps their
         order, so the reply stays small when most nodes look alike."""
@@ -138,20 +151,29 @@ class Verbs:
         shape = PodShape(pod.requests, pod.demand)
         memo = self._memo_for(shape)
         mode = PlacementMode(self.config.gpu.placement_mode)
-        scores = []
-        for name in names:
-            version = self.cache.version.get(name, -1)
-            hit = memo.scores.get(name)
-            if hit is None or hit[0] != version:
-                node = self.cache.node_model(name)
-                hit = (version, single.score(node, shape, mode) if node is not None else 0)
-                memo.scores[name] = hit
-            scores.append(hit[1])
+        with memo.lock:
+            memo.sync(self.cache)
+            known = memo.scores
+            for name in names:
+                if name not in known:
+                    node = self.cache.node_model(name)
+                    known[name] = single.score(node, shape, mode) if node is not None else 0
+            scores = [known[n] for n in names]
         low = min(scores, default=0)
-        return [{"Host": n, "Score": s - low} for n, s in zip(names, scores, strict=True) if s > low]
+        return [self._host_score(n, s - low) for n, s in zip(names, scores, strict=True) if s > low]
+
+    def _host_score(self, host: str, score: int) -> orjson.Fragment:
+        """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
+        key = (host, score)
+        fragment = self._fragments.get(key)
+        if fragment is None:
+            if len(self._fragments) > 200_000:
+                self._fragments.clear()
+            fragment = self._fragments[key] = orjson.Fragment(orjson.dumps({"Host": host, "Score": score}))
+        return fragment
 
     def _memo_for(self, shape: PodShape) -> _Memo:
-        key = (shape.requests, shape.gpu)
+        key = (shape.requests, shape.gpu, self.config.gpu.placement_mode)
         with self._memo_lock:
             memo = self._memo.get(key)
             if memo is None:
@@ -253,6 +275,6 @@ def _node_names(args: dict[str, Any]) -> list[str]:
         if items is None:
             raise BadRequest("missing field NodeNames (is nodeCacheCapable set?)")
         names = [(n.get("metadata") or {}).get("name", "") for n in items]
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    if not isinstance(names, list) or not set(map(type, names)) <= {str}:
         raise BadRequest("NodeNames must be a list of strings")
     return names

@@ -104,8 +104,9 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
     best: tuple[tuple[int, ...], Selection] | None = None
     # Slice levels are walked too, so every slice lands whole inside one domain.
     levels = sorted({*gp.counted_levels, *(lv for lv, _ in gp.slices), topo.host_level})
+    slice_levels = {lv for lv, _ in gp.slices}
     for roots in scopes(topo, gp):
-        selection = _cover(topo, levels, roots, 0, need, dcaps, live)
+        selection = _cover(topo, levels, slice_levels, roots, 0, need, dcaps, live)
         if selection is None:
             continue
         score = _counts(topo, gp, selection)
@@ -129,6 +130,7 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
 def _cover(
     topo: TopologyIndex,
     levels: list[int],
+    slice_levels: set[int],
     roots: list[int],
     depth: int,
     need: int,
@@ -137,26 +139,37 @@ def _cover(
 ) -> Selection | None:
     """`need` pods under `roots`, using as few domains of `levels[depth]` as possible, then
     descending into the chosen domains together: the next level picks its largest domains
-    across all of them, which keeps this level's count and lowers the next one's."""
+    across all of them, which keeps this level's count and lowers the next one's. At a slice
+    level each chosen domain gets its own (slice-aligned) amount instead, so every slice stays
+    whole inside one domain."""
     level = levels[depth]
     if level == topo.host_level:
         return _pick_nodes([n for n in nodes_under(topo, roots) if n in live], need, live)
     pool = sorted((d for d in domains_at(topo, roots, level) if dcaps.get(d, 0) > 0), key=lambda d: -dcaps[d])
-    chosen: list[int] = []
+    chosen: list[tuple[int, int]] = []  # (domain, amount)
     remaining = need
     while remaining > 0 and pool:
         if dcaps[pool[0]] >= remaining:
             j = len(pool) - 1
             while dcaps[pool[j]] < remaining:
                 j -= 1
-            chosen.append(pool.pop(j))
+            chosen.append((pool.pop(j), remaining))
             remaining = 0
         else:
-            chosen.append(pool.pop(0))
-            remaining -= dcaps[chosen[-1]]
+            d = pool.pop(0)
+            chosen.append((d, dcaps[d]))
+            remaining -= dcaps[d]
     if remaining > 0:
         return None
-    return _cover(topo, levels, chosen, depth + 1, need, dcaps, live)
+    if level not in slice_levels:
+        return _cover(topo, levels, slice_levels, [d for d, _ in chosen], depth + 1, need, dcaps, live)
+    out: Selection = []
+    for d, amount in chosen:
+        part = _cover(topo, levels, slice_levels, [d], depth + 1, amount, dcaps, live)
+        if part is None:
+            return None
+        out.extend(part)
+    return out
 
 
 def _counts(topo: TopologyIndex, gp: GangProblem, selection: Selection) -> tuple[int, ...]:
