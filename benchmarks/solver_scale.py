@@ -2,7 +2,8 @@
 
 Clusters: 1,024 / 4,096 / 16,384 nodes of 8 GPUs in zones > blocks (8 racks) > racks (32
 nodes) > hosts, about half the nodes busy with 1..8 GPUs. Gangs: 8 / 64 / 256 / 1,024 pods
-of 1 / 2 / 4 / 8 GPUs, with a required level (the smallest domain with twice the gang's GPUs),
+of 1 / 2 / 4 / 8 GPUs, with a required level (the smallest domain with twice the gang's GPUs; none
+if even a zone is smaller),
 rack preferred, and, in the "slices" kind, slices of 8 pods per rack.
 
 Tight instances are built around a planted placement in an otherwise full cluster, so a
@@ -83,14 +84,16 @@ def pod(gpus: int) -> PodShape:
 
 
 def required_level(shape: Shape, pods: int, gpus: int) -> str:
+    """The smallest level whose domains hold twice the gang's GPUs; none when even a zone
+    does not (then the gang only prefers racks)."""
     need = 2 * pods * gpus
     rack = shape.nodes_per_rack * shape.gpus_per_node
     block = rack * shape.racks_per_block
-    if need <= rack:
-        return RACK
-    if need <= block:
-        return BLOCK
-    return ZONE
+    zone = block * shape.blocks_per_zone
+    for level, size in ((RACK, rack), (BLOCK, block), (ZONE, zone)):
+        if need <= size:
+            return level
+    return ""
 
 
 def random_instance(case: Case, seed: int) -> tuple[ClusterSnapshot, list[GangRequest]]:
@@ -99,6 +102,8 @@ def random_instance(case: Case, seed: int) -> tuple[ClusterSnapshot, list[GangRe
     level = required_level(shape, case.pods, case.gpus)
     slices = (Slice(RACK, 8),) if case.kind == "slices" and case.pods >= 8 else ()
     topo = TopologyRequest(required=level, preferred=RACK if level != RACK else "", slices=slices)
+    if not level:
+        topo = TopologyRequest(preferred=RACK, slices=slices)
     gang = GangRequest(GangName(case.name), (EqGroup("worker", pod(case.gpus), case.pods),), topology=topo)
     return snap, [gang]
 

@@ -14,7 +14,7 @@ plan is optimal and needs no search (`plan()` says "proven by bound").
 
 from __future__ import annotations
 
-from solver.greedy import Member, Selection, _pick_nodes, domain_caps, live_caps
+from solver.greedy import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
 from solver.ledger import Ledger
 from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
@@ -115,14 +115,10 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
     if best is None:
         return None
     ledger.begin()
-    members = []
-    for node, pods in best[1]:
-        for _ in range(pods):
-            devices = ledger.take(node, caps.shape)
-            if devices is None:
-                ledger.rollback()
-                return None
-            members.append(Member(caps.group, node, devices))
+    members: list[Member] = []
+    if not take_selection(ledger, caps, best[1], members):
+        ledger.rollback()
+        return None
     ledger.commit()
     return members
 
@@ -144,7 +140,7 @@ def _cover(
     whole inside one domain."""
     level = levels[depth]
     if level == topo.host_level:
-        return _pick_nodes([n for n in nodes_under(topo, roots) if n in live], need, live)
+        return pick_nodes([n for n in nodes_under(topo, roots) if n in live], need, live)
     pool = sorted((d for d in domains_at(topo, roots, level) if dcaps.get(d, 0) > 0), key=lambda d: -dcaps[d])
     chosen: list[tuple[int, int]] = []  # (domain, amount)
     remaining = need

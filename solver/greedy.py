@@ -89,13 +89,21 @@ def _place_counts(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledge
         if gp.required_level >= 0 and scope is None and gp.required_level < topo.host_level:
             # Later groups stay inside the domain the first group chose.
             scope = topo.ancestor(topo.unit_of[selection[0][0]], gp.required_level)
-        for node, pods in selection:
-            for _ in range(pods):
-                devices = ledger.take(node, caps.shape)
-                if devices is None:
-                    return None
-                members.append(Member(caps.group, node, devices))
+        if not take_selection(ledger, caps, selection, members):
+            return None
     return members
+
+
+def take_selection(ledger: Ledger, caps: GroupCaps, selection: Selection, members: list[Member]) -> bool:
+    """Consume devices for every pod of `selection`, appending members; False as soon as one
+    does not fit (the caller rolls the transaction back)."""
+    for node, pods in selection:
+        for _ in range(pods):
+            devices = ledger.take(node, caps.shape)
+            if devices is None:
+                return False
+            members.append(Member(caps.group, node, devices))
+    return True
 
 
 def live_caps(caps: GroupCaps, ledger: Ledger) -> dict[int, int]:
@@ -141,13 +149,13 @@ def select(
     if scope is not None:
         return _descend(topo, scope, need, caps, live, gp) if fits(scope) else None
     if gp.required_level == topo.host_level:
-        return _pick_nodes(list(live), need, live, single=True)
+        return pick_nodes(list(live), need, live, single=True)
     if gp.required_level >= 0:
         start, stop = gp.required_level, gp.required_level
     else:
         start, stop = min(gp.counted_levels[0], topo.above), 0
     if start >= topo.above:  # host-level start: one pool of nodes
-        return _pick_nodes(list(live), need, live)
+        return pick_nodes(list(live), need, live)
     for level in range(start, stop - 1, -1):
         candidates = [d for d in topo.levels_of[level] if fits(d)]
         if candidates:
@@ -163,7 +171,7 @@ def _descend(
 ) -> Selection | None:
     domain = topo.domains[d]
     if domain.level == topo.above - 1:
-        return _pick_nodes([n for n in domain.nodes if n in live], need, live)
+        return pick_nodes([n for n in domain.nodes if n in live], need, live)
     return _spread(topo, domain.children, need, caps, live, gp)
 
 
@@ -186,7 +194,7 @@ def _spread(
     return out if remaining == 0 else None
 
 
-def _pick_nodes(nodes: list[int], need: int, live: dict[int, int], *, single: bool = False) -> Selection | None:
+def pick_nodes(nodes: list[int], need: int, live: dict[int, int], *, single: bool = False) -> Selection | None:
     """Largest capacity first, the last node tightest-fit; `single`: all on one node."""
     fitting = [n for n in nodes if live[n] >= need]
     if single:

@@ -28,7 +28,7 @@ import structlog
 from solver.compact import compact, floors
 from solver.cpsat import DomainModel, DomainSolution
 from solver.explain import explain
-from solver.greedy import Member, _pick_nodes, greedy, live_caps, place_gang
+from solver.greedy import Member, greedy, live_caps, pick_nodes, place_gang, take_selection
 from solver.ledger import Ledger
 from solver.model import (
     Assignment,
@@ -162,15 +162,11 @@ def _realize_gang(problem: Problem, k: int, units: list[dict[int, int]], ledger:
             nodes = [n for n in problem.topo.unit_nodes(unit) if n in live]
             if one_host and members:
                 nodes = [n for n in nodes if n == members[0].node]
-            selection = _pick_nodes(nodes, pods, live)
+            selection = pick_nodes(nodes, pods, live)
             if selection is None:
                 return None
-            for node, count in selection:
-                for _ in range(count):
-                    devices = ledger.take(node, caps.shape)
-                    if devices is None:
-                        return None
-                    members.append(Member(caps.group, node, devices))
+            if not take_selection(ledger, caps, selection, members):
+                return None
     return members
 
 
