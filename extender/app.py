@@ -21,6 +21,9 @@ from extender import logs
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
+from extender.gangs.manager import GangManager
+from extender.gangs.notify import Notifier
+from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WORKLOAD, GangObjects
 from extender.kube import Kube
 from extender.metrics import Metrics
 from extender.server import Server
@@ -46,7 +49,12 @@ class Extender:
         self.metrics = Metrics()
         self.cache = Cache(self.config.topology.levels, self.config.gpu.default_memory_mib)
         self.binder = Binder(kube)
-        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics)
+        self.gang_objects = GangObjects()
+        notifier = Notifier(self.binder)
+        self.gangs = GangManager(
+            self.cache, self.gang_objects, lambda: self.config.solver_params(), notifier, notifier.nudge
+        )
+        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics, self.gangs)
         self.reflectors = [
             Reflector(
                 kube, "/api/v1/nodes", on_list=self.cache.replace_nodes, on_event=self.cache.node_event, name="nodes"
@@ -54,6 +62,18 @@ class Extender:
             Reflector(
                 kube, "/api/v1/pods", on_list=self.cache.replace_pods, on_event=self.cache.pod_event, name="pods"
             ),
+        ]
+        self.definition_reflectors = [
+            self._definitions(path, kind, name)
+            for path, kind, name in (
+                ("/apis/phalanx.io/v1alpha1/workloads", WORKLOAD, "workloads.phalanx.io"),
+                ("/apis/scheduling.k8s.io/v1alpha2/podgroups", NATIVE_POD_GROUP, "podgroups.scheduling.k8s.io"),
+                (
+                    "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
+                    COSCHEDULING_POD_GROUP,
+                    "podgroups.scheduling.x-k8s.io",
+                ),
+            )
         ]
         self.config_reflector = Reflector(
             kube,
@@ -73,9 +93,48 @@ class Extender:
             },
             metrics=self.metrics,
             ready=self.ready,
+            reads={"/api/v1/gangs": self._read_gangs},
         )
         self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
         self._gc_tuned = False
+
+    def _definitions(self, path: str, kind: tuple[str, str], name: str) -> Reflector:
+        """A watch of gang definitions of one kind; the API may not be served (CRD absent)."""
+        return Reflector(
+            self.kube,
+            path,
+            name=name,
+            optional=True,
+            on_list=lambda items: self.gang_objects.replace(kind, items),
+            on_event=lambda event, obj: self._definition_event(kind, event, obj),
+        )
+
+    def _definition_event(self, kind: tuple[str, str], event: str, obj: dict[str, Any]) -> None:
+        self.gang_objects.event(kind, event, obj)
+        meta = obj.get("metadata") or {}
+        self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+
+    def _read_gangs(self, rest: str) -> tuple[int, Any]:
+        """GET /api/v1/gangs and /api/v1/gangs/{namespace}/{name}."""
+        gangs = self.gangs.describe()
+        parts = [p for p in rest.split("/") if p]
+        if not parts:
+            return 200, {"gangs": gangs}
+        if len(parts) != 2:
+            return 404, {"error": "use /api/v1/gangs/{namespace}/{name}"}
+        prefix = f"{parts[0]}/{parts[1]}"
+        matching = [g for g in gangs if _named(g["key"], prefix)]
+        if not matching:
+            return 404, {"error": f"no gang {prefix}"}
+        return 200, {"gangs": matching}
+
+    def _sweep(self) -> None:
+        while not self._stopping.wait(1.0):
+            try:
+                self.gangs.sweep()
+            except Exception:
+                log.exception("gang sweep failed")
 
     def _initial_config(self) -> PhalanxConfig:
         if self.options.config_file is not None:
@@ -86,18 +145,24 @@ class Extender:
         # Filter and prioritize must not queue behind watch decoding for a whole 5 ms GIL slice.
         sys.setswitchinterval(0.001)
         logs.configure(self.config.server.log_level)
-        for r in [*self.reflectors, self.config_reflector]:
+        for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             self._threads.append(r.start())
+        sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
+        sweeper.start()
+        self._threads.append(sweeper)
         thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         thread.start()
         self._threads.append(thread)
         log.info("extender started", url=self.server.url, levels=self.config.topology.levels)
 
     def stop(self) -> None:
-        for r in [*self.reflectors, self.config_reflector]:
+        self._stopping.set()
+        self.gangs.shutdown()
+        for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             r.stop()
         self.server.shutdown()
         self.server.server_close()
+        self.server.close_connections()
 
     def ready(self) -> bool:
         with self.cache.lock:
@@ -138,3 +203,9 @@ class Extender:
         self.verbs.config = config
         self.cache.configure(config.topology.levels, config.gpu.default_memory_mib)
         logs.configure(config.server.log_level)
+
+
+def _named(key: str, prefix: str) -> bool:
+    """Whether a gang key ("wl:ns/name/group/replica", "pg:ns/name") belongs to ns/name."""
+    body = key.split(":", 1)[-1]
+    return body == prefix or body.startswith(prefix + "/")

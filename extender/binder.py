@@ -10,12 +10,13 @@ node succeeds.
 from __future__ import annotations
 
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
 import structlog
 
-from extender.kube import ApiError, Kube, check
+from extender.kube import ApiError, Kube, Response, check
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver.model import DeviceAssignment
 
@@ -40,12 +41,28 @@ class Binder:
             "metadata": meta,
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
-        response = self.kube.request("POST", f"{pod_path}/binding", body=body)
+        response = self._post_with_retry(f"{pod_path}/binding", body)
         if response.status == 409:
             current = check(self.kube.request("GET", pod_path), f"get pod {namespace}/{name}")
             if (current.get("spec") or {}).get("nodeName") == node:
                 return  # already bound where we wanted: a retried bind
         check(response, f"bind pod {namespace}/{name} to {node}")
+
+    def _post_with_retry(self, path: str, body: dict[str, Any]) -> Response:
+        """Transient failures (5xx, 429, a dropped connection) are retried twice: a gang member
+        whose gate has opened should not be lost to one bad response."""
+        for attempt in range(3):
+            try:
+                response = self.kube.request("POST", path, body=body)
+            except OSError:
+                if attempt == 2:
+                    raise
+                time.sleep(0.1 * (attempt + 1))
+                continue
+            if (response.status < 500 and response.status != 429) or attempt == 2:
+                return response
+            time.sleep(0.1 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         response = self.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -14,7 +14,7 @@ rebuilt, so accounting stays whole after any restart.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import structlog
@@ -54,6 +54,8 @@ class Cache:
         # only the nodes touched since. Trimmed by starting a new epoch.
         self._changes: list[str] = []
         self.epoch = 0
+        # Called under the lock with (old, new) on every pod change; None for absent.
+        self.pod_listeners: list[Callable[[PodInfo | None, PodInfo | None], None]] = []
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
 
     # ------------------------------------------------------------------ events
@@ -129,12 +131,16 @@ class Cache:
             if pod.devices is None and node == pod.node:
                 self.pods[pod.uid] = pod = replace(pod, devices=devices)
         self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
+        for listener in self.pod_listeners:
+            listener(old, pod)
 
     def _drop_pod(self, uid: str) -> None:
         pod = self.pods.pop(uid, None)
         self.assumed.pop(uid, None)
         if pod is not None:
             self._place(uid, pod.node, "")
+            for listener in self.pod_listeners:
+                listener(pod, None)
 
     def _place(self, uid: str, old: str, new: str) -> None:
         if old and old != new:

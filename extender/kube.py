@@ -94,7 +94,7 @@ class RestKube:
             headers["Content-Type"] = content_type
             data = orjson.dumps(body)
         r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
-        return Response(r.status, orjson.loads(r.data) if r.data else None)
+        return Response(r.status, _decode(r.data))
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
         """Watch events, one decoded JSON object per line, until the server closes."""
@@ -115,6 +115,17 @@ class RestKube:
                         yield orjson.loads(line)
         finally:
             r.release_conn()
+
+
+def _decode(data: bytes) -> Any:
+    """JSON when it is JSON; otherwise the text (e.g. "404 page not found" for an API that
+    is not served), so callers see the status instead of a decoding error."""
+    if not data:
+        return None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data.decode("utf-8", "replace")
 
 
 def check(response: Response, what: str, ok: tuple[int, ...] = (200, 201)) -> Any:

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from extender import quantity
 from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand
 from solver.model import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
@@ -57,6 +59,8 @@ class PodInfo:
     annotations: dict[str, str]
     scheduler: str
     created: str
+    scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (scheduling.k8s.io gangs)
+    placement: str = ""  # nodeSelector, required affinity and tolerations, as canonical JSON
 
     @property
     def key(self) -> str:
@@ -156,7 +160,14 @@ def pod_info(obj: JSON) -> PodInfo:
         annotations=annotations,
         scheduler=spec.get("schedulerName", "default-scheduler"),
         created=meta.get("creationTimestamp", ""),
+        scheduling_group=(spec.get("schedulingGroup") or {}).get("podGroupName") or "",
+        placement=_placement(spec),
     )
+
+
+def _placement(spec: JSON) -> str:
+    relevant = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if spec.get(k)}
+    return orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS).decode() if relevant else ""
 
 
 def _with_init(pod: JSON, resources: dict[str, Any]) -> dict[str, Any]:

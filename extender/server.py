@@ -7,6 +7,9 @@ gets 400 with a message, an internal fault 500; nothing a client sends can stop 
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -42,9 +45,24 @@ class Server(ThreadingHTTPServer):
     ) -> None:
         super().__init__(address, _Handler)
         self.verbs = verbs
+        self.connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
         self.metrics = metrics
         self.ready = ready
         self.reads = reads or {}
+
+    def track(self, conn: socket.socket, *, open_: bool) -> None:
+        with self._connections_lock:
+            (self.connections.add if open_ else self.connections.discard)(conn)
+
+    def close_connections(self) -> None:
+        """Drop every client connection (shutdown only stops accepting new ones): a stopping
+        extender must not keep answering kube-scheduler on kept-alive connections."""
+        with self._connections_lock:
+            connections = list(self.connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):  # already closed by the client
+                conn.shutdown(socket.SHUT_RDWR)
 
     @property
     def url(self) -> str:
@@ -58,6 +76,14 @@ class _Handler(BaseHTTPRequestHandler):
     # client's delayed ACK (40 ms on Linux) on every keep-alive call.
     disable_nagle_algorithm = True
     server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, open_=True)
+
+    def finish(self) -> None:
+        self.server.track(self.connection, open_=False)
+        super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one structured line per call is logged by the verbs

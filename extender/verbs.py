@@ -21,6 +21,7 @@ import structlog
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
+from extender.gangs.manager import GangManager
 from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
@@ -65,8 +66,11 @@ class _Memo:
 
 
 class Verbs:
-    def __init__(self, cache: Cache, binder: Binder, config: PhalanxConfig, metrics: Metrics) -> None:
+    def __init__(
+        self, cache: Cache, binder: Binder, config: PhalanxConfig, metrics: Metrics, gangs: GangManager | None = None
+    ) -> None:
         self.cache = cache
+        self.gangs = gangs
         self.binder = binder
         self.config = config
         self.metrics = metrics
@@ -97,6 +101,10 @@ class Verbs:
         if pod.error:
             failed = {n: f"{INVALID_REQUEST}: {pod.error}" for n in names}
             return self._filter_reply([], {}, failed, pod, "invalid")
+        if self.gangs is not None:
+            answer = self.gangs.filter(pod, names)
+            if answer is not None:
+                return self._filter_reply(answer.passed, answer.failed, {}, pod, "gang")
         if pod.demand.kind is GpuKind.NONE:
             return self._filter_reply(names, {}, {}, pod, "passthrough")
         shape = PodShape(pod.requests, pod.demand)
@@ -195,6 +203,10 @@ class Verbs:
             return {"Error": f"pod {namespace}/{name} not found"}
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
+        gate = self.gangs.permit(pod, node) if self.gangs is not None else None
+        if gate:
+            self.metrics.outcomes.labels("bind", "gang-wait-failed").inc()
+            return {"Error": gate}
         devices = self._choose_devices(pod, node)
         if devices is None:
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
@@ -207,7 +219,9 @@ class Verbs:
             self.metrics.errors.labels("bind", "api").inc()
             log.warning("bind failed", pod=pod.key, node=node, error=str(e))
             return {"Error": str(e)}
-        log.info(
+        if gate is not None and self.gangs is not None:
+            self.gangs.bound(pod)
+        log.debug(
             "bound",
             pod=pod.key,
             node=node,

@@ -35,7 +35,9 @@ class Reflector:
         timeout_s: int = 300,
         page: int = 500,
         selector: dict[str, str] | None = None,
+        optional: bool = False,
     ) -> None:
+        self.optional = optional  # an API that may not be served (yet): poll quietly for it
         self.kube = kube
         self.path = path
         self.selector = selector or {}
@@ -47,6 +49,7 @@ class Reflector:
         self.listed = threading.Event()
         self.stopped = threading.Event()
         self.resource_version = ""
+        self._absent_logged = False
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"watch-{self.name}", daemon=True)
@@ -69,12 +72,24 @@ class Reflector:
             except Expired:
                 log.info("watch expired; listing again", resource=self.name)
                 need_list = True
-            except Exception as e:
-                log.warning("watch failed; retrying", resource=self.name, error=str(e), backoff_s=backoff)
-                self.stopped.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
-                if isinstance(e, ApiError) and e.status in (401, 403, 404):
+            except ApiError as e:
+                if self.optional and e.status == 404:
+                    if not self._absent_logged:
+                        log.info("API not served; polling for it", resource=self.name)
+                        self._absent_logged = True
                     need_list = True
+                    self.stopped.wait(10)
+                    continue
+                self._retry(e, backoff)
+                backoff = min(backoff * 2, 10.0)
+                need_list = need_list or e.status in (401, 403, 404)
+            except Exception as e:
+                self._retry(e, backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _retry(self, error: Exception, backoff: float) -> None:
+        log.warning("watch failed; retrying", resource=self.name, error=str(error), backoff_s=backoff)
+        self.stopped.wait(backoff)
 
     def list(self) -> None:
         items: list[JSON] = []

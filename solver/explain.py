@@ -38,6 +38,11 @@ def _amount(caps: GroupCaps, pods: int) -> str:
     return f"{text} {unit}" if unit != "pods" else f"{pods} pods"
 
 
+def level_name(level: str) -> str:
+    """A topology level as users say it: "rack" for topology.phalanx.io/rack."""
+    return level.rsplit("/", 1)[-1]
+
+
 def explain(topo: TopologyIndex, gp: GangProblem) -> str:
     """The binding constraint for an unplaced gang (capacities as prepared from the snapshot)."""
     req = gp.request
@@ -59,7 +64,7 @@ def explain(topo: TopologyIndex, gp: GangProblem) -> str:
         return f"{NOT_ENOUGH_CAPACITY}: only {fit_total} of {req.count} members fit (minCount {need_total})"
     for level, size in gp.slices:
         if need_total % size:
-            return f"{SLICE_MISMATCH}: {need_total} members in slices of {size} per {topo.levels[level]}"
+            return f"{SLICE_MISMATCH}: {need_total} members in slices of {size} per {level_name(topo.levels[level])}"
     for caps in gp.groups:
         reason = _topology_reason(topo, gp, caps)
         if reason:
@@ -75,12 +80,12 @@ def _topology_reason(topo: TopologyIndex, gp: GangProblem, caps: GroupCaps) -> s
         if total < need:
             return (
                 f"{SLICES_DO_NOT_FIT}: needs {need // size} slices of {size} pods, each within one "
-                f"{topo.levels[level]}; the {topo.levels[level]}s hold {total // size} such slices"
+                f"{level_name(topo.levels[level])}; the {level_name(topo.levels[level])}s hold {total // size} such slices"
             )
     level = gp.required_level
     if level < 0:
         return ""
-    name = topo.levels[level]
+    name = level_name(topo.levels[level])
     if level == topo.host_level:
         best = max(caps.node_caps.values(), default=0)
     else:

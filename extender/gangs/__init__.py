@@ -1,0 +1,1 @@
+"""Gang scheduling: where gangs come from, and the plan-reserve-permit-bind cycle."""

@@ -1,0 +1,407 @@
+"""The gang cycle: quorum, one plan per gang, reservations, permit at bind, timeout.
+
+kube-scheduler has no Permit verb for extenders, so Phalanx does it in three steps:
+1. Filter of the first member once `minCount` members exist: plan the whole gang in one
+   solve against the cache (which already counts every other gang's reservations), and
+   reserve each member's node and devices in the cache ("assumed"), so nothing else takes
+   them. Every member's filter is then answered from the plan in constant time; a member whose
+   planned node is no longer a candidate makes the gang re-plan.
+2. Bind of a member waits until every planned member has reached bind (the permit gate).
+   Then each bind proceeds with its reserved devices; none is bound before all are there.
+3. If the gate does not close within `scheduleTimeoutSeconds` of the plan, the reservation
+   is released and the waiting binds fail, so kube-scheduler requeues them all.
+A reservation is whole-gang or nothing, so competing gangs never hold capacity piecemeal and
+never deadlock. Nothing here survives a restart, by design: the waiting binds' connections
+break, kube-scheduler requeues the members, and the new process plans again from the cluster
+(members already bound stay where they are and anchor the rest of their gang).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import structlog
+
+from extender.cache import Cache
+from extender.eligibility import matches
+from extender.gangs.sources import GangObjects, GangSpec, gang_key, resolve
+from extender.objects import PodInfo
+from solver import plan as solve
+from solver.model import (
+    ClusterSnapshot,
+    DeviceAssignment,
+    EqGroup,
+    GangName,
+    GangRequest,
+    NodeName,
+    Outcome,
+    PodShape,
+)
+from solver.params import SolverParams
+
+log = structlog.get_logger("phalanx.gangs")
+
+WAITING_QUORUM = "waiting for gang quorum"
+GANG_TIMEOUT = "gang timed out at bind"
+NO_RESERVATION = "no reservation for this member"
+
+Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
+Nudge = Callable[[str, str, str], None]  # (namespace, pod name, annotation value)
+
+
+@dataclass(slots=True)
+class Reservation:
+    node: str
+    devices: tuple[DeviceAssignment, ...]
+
+
+@dataclass
+class GangState:
+    key: str
+    spec: GangSpec | None = None
+    plan: dict[str, Reservation] = field(default_factory=dict)  # uid -> reservation
+    deadline: float = 0.0
+    arrived: set[str] = field(default_factory=set)
+    released: int = 0  # bumps whenever the plan is dropped; waiting binds notice
+    reason: str = ""
+    phase: str = "Pending"
+    solve_ms: float = 0.0
+    summary: str = ""
+    plans: int = 0  # plans made so far, written on members to wake them
+
+
+@dataclass(frozen=True, slots=True)
+class FilterAnswer:
+    passed: list[str]
+    failed: dict[str, str]
+
+
+class GangManager:
+    def __init__(
+        self,
+        cache: Cache,
+        objects: GangObjects,
+        params: Callable[[], SolverParams],
+        notify: Notify,
+        nudge: Nudge | None = None,
+        *,
+        bind_wait_cap_s: float = 25.0,
+    ) -> None:
+        self.cache = cache
+        self.objects = objects
+        self.params = params
+        self.notify = notify
+        self.nudge: Nudge = nudge or (lambda namespace, name, value: None)
+        self.bind_wait_cap_s = bind_wait_cap_s
+        self.members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
+        self.gangs: dict[str, GangState] = {}
+        self.lock = threading.Condition(threading.RLock())
+        cache.pod_listeners.append(self._pod_changed)
+
+    # ------------------------------------------------------------------ membership
+
+    def _pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        if old is not None:
+            key = gang_key(old.namespace, old.labels, old.scheduling_group)
+            if key and (new is None or not new.active):
+                self.members[key].discard(old.uid)
+        if new is not None and new.active:
+            key = gang_key(new.namespace, new.labels, new.scheduling_group)
+            if key:
+                self.members[key].add(new.uid)
+
+    def gang_of(self, pod: PodInfo) -> str:
+        return gang_key(pod.namespace, pod.labels, pod.scheduling_group)
+
+    # ------------------------------------------------------------------ filter
+
+    def filter(self, pod: PodInfo, names: list[str]) -> FilterAnswer | None:
+        """The answer for a gang member, or None when the pod is scheduled as a single pod."""
+        key = self.gang_of(pod)
+        if not key:
+            return None
+        res = resolve(self.objects, pod.namespace, pod.labels, pod.annotations, pod.scheduling_group)
+        if res is None or (res.spec is not None and not res.spec.enabled):
+            return None
+        with self.lock:
+            state = self.gangs.setdefault(key, GangState(key))
+            if res.spec is None:
+                state.reason = res.reason
+                return FilterAnswer([], dict.fromkeys(names, res.reason))
+            state.spec = res.spec
+            self._expire(state)
+            reservation = state.plan.get(pod.uid)
+            if reservation is not None and reservation.node in names:
+                return FilterAnswer([reservation.node], {})
+            if reservation is not None:
+                self._release(state, "planned node is no longer a candidate")
+            return self._plan_and_answer(state, res.spec, pod, names)
+
+    def _plan_and_answer(self, state: GangState, spec: GangSpec, pod: PodInfo, names: list[str]) -> FilterAnswer:
+        pods = self._member_pods(state.key)
+        bound = [p for p in pods if p.node]
+        pending = [p for p in pods if not p.node and p.uid not in state.plan]
+        have = len(pods)
+        if have < spec.min_count:
+            state.reason = f"{WAITING_QUORUM} {have}/{spec.min_count}"
+            return FilterAnswer([], dict.fromkeys(names, state.reason))
+        if pending:
+            self._plan(state, spec, pending, bound)
+        reservation = state.plan.get(pod.uid)
+        if reservation is None:
+            return FilterAnswer([], dict.fromkeys(names, state.reason or NO_RESERVATION))
+        if reservation.node not in names:
+            return FilterAnswer([], dict.fromkeys(names, f"planned node {reservation.node} is not a candidate"))
+        return FilterAnswer([reservation.node], {})
+
+    def _member_pods(self, key: str) -> list[PodInfo]:
+        with self.cache.lock:
+            pods = [self.cache.pods[uid] for uid in self.members.get(key, ()) if uid in self.cache.pods]
+        return sorted((p for p in pods if p.active), key=lambda p: (p.created, p.name))
+
+    def _plan(self, state: GangState, spec: GangSpec, pending: list[PodInfo], bound: list[PodInfo]) -> None:
+        """One solve for every unplanned pending member; reserve all or nothing."""
+        planned_already = len(state.plan) + len(bound)
+        log.debug("planning", gang=state.key, pending=len(pending), planned=len(state.plan), bound=len(bound))
+        need = max(0, spec.min_count - planned_already)
+        groups: dict[tuple[Any, ...], list[PodInfo]] = defaultdict(list)
+        for p in pending:
+            groups[(p.requests, p.demand, p.placement)].append(p)
+        snapshot = self.cache.snapshot()
+        anchor = self._anchor(snapshot, spec, [p.node for p in bound] + [r.node for r in state.plan.values()])
+        eqs = tuple(
+            EqGroup(
+                _group_name(i, len(groups)),
+                PodShape(req, demand, allowed_nodes=self._allowed(snapshot, placement, anchor)),
+                len(ms),
+            )
+            for i, ((req, demand, placement), ms) in enumerate(groups.items())
+        )
+        request = GangRequest(GangName(state.key), eqs, min_count=need, topology=spec.topology, priority=spec.priority)
+        started = time.perf_counter()
+        result = solve(snapshot, [request], params=self.params())
+        state.solve_ms = (time.perf_counter() - started) * 1000
+        gang = result.gangs[0]
+        if gang.outcome is not Outcome.PLACED:
+            state.reason = gang.explanation
+            state.phase = "Pending"
+            self.notify(spec, "Unschedulable", gang.explanation, "Warning")
+            log.info("gang not placed", gang=state.key, reason=gang.explanation, solve_ms=round(state.solve_ms, 1))
+            return
+        by_group = {_group_name(i, len(groups)): members for i, members in enumerate(groups.values())}
+        taken: dict[str, int] = defaultdict(int)
+        state.plans += 1
+        for a in sorted(gang.assignments, key=lambda a: a.rank):
+            member = by_group[a.group][taken[a.group]]
+            taken[a.group] += 1
+            state.plan[member.uid] = Reservation(a.node, a.devices)
+            self.cache.assume(member.uid, a.node, a.devices)
+            self.nudge(member.namespace, member.name, f"{state.plans}:{a.node}")
+        state.deadline = time.monotonic() + spec.timeout_s
+        state.reason = ""
+        state.phase = "Planned"
+        placed = len(gang.assignments)
+        levels = snapshot.levels if len(snapshot.levels) == len(gang.domains_used) else (*snapshot.levels, "hosts")
+        where = ", ".join(
+            f"{count} {level.rsplit('/', 1)[-1]}" for level, count in zip(levels, gang.domains_used, strict=True)
+        )
+        summary = (
+            f"planned {placed} of {len(pending)} pending members on {where} "
+            f"({result.status.value}, {state.solve_ms:.0f} ms)"
+        )
+        state.summary = summary
+        self.notify(spec, "Planned", summary, "Normal")
+        log.info(
+            "gang planned",
+            gang=state.key,
+            members=placed,
+            status=result.status.value,
+            domains=gang.domains_used,
+            solve_ms=round(state.solve_ms, 1),
+        )
+
+    @staticmethod
+    def _allowed(
+        snapshot: ClusterSnapshot, placement: str, anchor: frozenset[NodeName] | None
+    ) -> frozenset[NodeName] | None:
+        """Nodes the members' nodeSelector, required affinity and tolerations allow, within the
+        anchor domain; None for "every node"."""
+        if not placement:
+            return anchor
+        spec = orjson.loads(placement)
+        allowed = frozenset(
+            n.name
+            for n in snapshot.nodes
+            if (anchor is None or n.name in anchor) and matches(n.name, dict(n.labels), _taints(n.taints), spec)
+        )
+        return allowed
+
+    @staticmethod
+    def _anchor(snapshot: ClusterSnapshot, spec: GangSpec, nodes: list[str]) -> frozenset[NodeName] | None:
+        """Members already bound or planned fix the domain of the required level."""
+        required = spec.topology.required
+        if not nodes or not required or required not in snapshot.levels:
+            return None
+        depth = snapshot.levels.index(required)
+        paths: dict[str, tuple[str, ...]] = {str(n.name): n.topology for n in snapshot.nodes}
+        domains = {paths[n][: depth + 1] for n in nodes if n in paths}
+        return frozenset(n.name for n in snapshot.nodes if n.topology[: depth + 1] in domains)
+
+    def _expire(self, state: GangState) -> None:
+        if state.plan and state.deadline and time.monotonic() > state.deadline:
+            self._release(state, f"{GANG_TIMEOUT}: {len(state.arrived)}/{len(state.plan)} members arrived")
+
+    def _release(self, state: GangState, reason: str) -> None:
+        for uid in list(state.plan):
+            pod = self.cache.pods.get(uid)
+            if pod is None or not pod.node:
+                self.cache.forget(uid)
+        state.plan.clear()
+        state.arrived.clear()
+        state.deadline = 0.0
+        state.released += 1
+        state.reason = reason
+        state.phase = "Pending"
+        if state.spec is not None:
+            self.notify(state.spec, "Released", reason, "Warning")
+        for pod in self._member_pods(state.key):
+            if not pod.node:
+                self.nudge(pod.namespace, pod.name, f"{state.plans}:released")
+        log.info("gang reservation released", gang=state.key, reason=reason)
+        self.lock.notify_all()
+
+    # ------------------------------------------------------------------ permit at bind
+
+    def permit(self, pod: PodInfo, node: str) -> str | None:
+        """Wait at the gate; "" when this member may bind now, an error to return otherwise,
+        None when the pod is not a planned gang member (bind it as a single pod)."""
+        key = self.gang_of(pod)
+        if not key:
+            return None
+        with self.lock:
+            state = self.gangs.get(key)
+            if state is None or pod.uid not in state.plan:
+                return None if state is None or state.spec is None or not state.spec.enabled else NO_RESERVATION
+            if state.plan[pod.uid].node != node:
+                return f"member planned on {state.plan[pod.uid].node}, not {node}"
+            epoch = state.released
+            state.arrived.add(pod.uid)
+            self.lock.notify_all()
+            give_up = min(state.deadline, time.monotonic() + self.bind_wait_cap_s)
+            while True:
+                if state.released != epoch:
+                    return state.reason or "gang reservation released"
+                gone = [uid for uid in state.plan if uid not in self.cache.pods]
+                if gone:
+                    self._release(state, f"{len(gone)} planned members were deleted")
+                    return state.reason
+                waiting = [uid for uid in state.plan if uid not in state.arrived and not self._bound(uid)]
+                if not waiting:
+                    state.phase = "Binding"
+                    return ""
+                remaining = give_up - time.monotonic()
+                if remaining <= 0:
+                    if time.monotonic() >= state.deadline:
+                        self._release(state, f"{GANG_TIMEOUT}: {len(state.arrived)}/{len(state.plan)} members arrived")
+                        return state.reason
+                    state.arrived.discard(pod.uid)  # kube-scheduler will retry this member
+                    return f"waiting for gang members at bind: {len(waiting)} of {len(state.plan)} missing"
+                self.lock.wait(remaining)
+
+    def _bound(self, uid: str) -> bool:
+        pod = self.cache.pods.get(uid)
+        return pod is not None and bool(pod.node)
+
+    def bound(self, pod: PodInfo) -> None:
+        """A member's binding succeeded: once all are bound, the gang is Scheduled."""
+        key = self.gang_of(pod)
+        with self.lock:
+            state = self.gangs.get(key)
+            if state is None or pod.uid not in state.plan:
+                return
+            state.arrived.discard(pod.uid)
+            del state.plan[pod.uid]
+            if not state.plan and state.spec is not None:
+                state.phase = "Scheduled"
+                state.deadline = 0.0
+                self.notify(state.spec, "Scheduled", state.summary.replace("planned", "bound", 1), "Normal")
+
+    # ------------------------------------------------------------------ read API
+
+    def definition_changed(self, namespace: str, name: str) -> None:
+        """A Workload or PodGroup changed: its waiting members are re-evaluated now (they may
+        have been parked by kube-scheduler for lack of quorum or of a definition)."""
+        prefixes = [f"{kind}:{namespace}/{name}" for kind in ("wl", "pg", "cs")]
+        with self.cache.lock:
+            keys = [
+                k
+                for k, members in self.members.items()
+                if members and any(k == p or k.startswith(p + "/") for p in prefixes)
+            ]
+        for key in keys:
+            for pod in self._member_pods(key):
+                if not pod.node:
+                    self.nudge(pod.namespace, pod.name, f"definition:{time.time():.0f}")
+
+    def shutdown(self) -> None:
+        """Fail every waiting bind so kube-scheduler requeues those members at once."""
+        with self.lock:
+            for state in self.gangs.values():
+                if state.plan:
+                    self._release(state, "extender shutting down")
+
+    def sweep(self) -> None:
+        """Release reservations past their deadline even if no member comes back to ask."""
+        with self.lock:
+            for state in list(self.gangs.values()):
+                self._expire(state)
+
+    def describe(self) -> list[dict[str, Any]]:
+        with self.lock:
+            with self.cache.lock:
+                keys = sorted(set(self.gangs) | {k for k, v in self.members.items() if v})
+            return [self._describe(k) for k in keys]
+
+    def describe_one(self, key: str) -> dict[str, Any] | None:
+        with self.lock:
+            if key not in self.gangs and not self.members.get(key):
+                return None
+            return self._describe(key)
+
+    def _describe(self, key: str) -> dict[str, Any]:
+        state = self.gangs.get(key) or GangState(key)
+        pods = self._member_pods(key)
+        spec = state.spec
+        return {
+            "key": key,
+            "source": "/".join(spec.source) if spec else "",
+            "minCount": spec.min_count if spec else None,
+            "members": len(pods),
+            "bound": sum(1 for p in pods if p.node),
+            "phase": "Scheduled" if pods and all(p.node for p in pods) else state.phase,
+            "pendingReason": state.reason,
+            "solveMs": round(state.solve_ms, 2),
+            "plan": {self.cache.pods[u].key: r.node for u, r in state.plan.items() if u in self.cache.pods},
+            "nodes": {p.key: p.node for p in pods if p.node},
+        }
+
+
+def _taints(taints: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """Taints as the cache writes them ("key=value:effect") back to (key, value, effect)."""
+    out = []
+    for t in taints:
+        key_value, _, effect = t.rpartition(":")
+        key, _, value = key_value.partition("=")
+        out.append((key, value, effect))
+    return out
+
+
+def _group_name(index: int, groups: int) -> str:
+    """Members with one shape and placement; the name appears in explanations."""
+    return "members" if groups == 1 else f"members-{index + 1}"

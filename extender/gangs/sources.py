@@ -1,0 +1,241 @@
+"""Where gangs come from: every supported definition, normalized to one `GangSpec`.
+
+A pod joins a gang through one of:
+1. Phalanx Workload (`phalanx.io/v1alpha1`): label `phalanx.io/workload=<name>`, optional
+   `phalanx.io/gang-group=<group>` (default: the first group) and, with
+   `replicaMode: ReplicatedGangs`, `phalanx.io/gang-replica=<i>` (each replica its own gang).
+2. Kubernetes `scheduling.k8s.io/v1alpha2` PodGroup: pod `spec.schedulingGroup.podGroupName`;
+   gang `minCount` from `spec.schedulingPolicy.gang`, the required topology key from
+   `spec.schedulingConstraints.topology[0].key`.
+3. scheduler-plugins PodGroup (`scheduling.x-k8s.io/v1alpha1`): label
+   `scheduling.x-k8s.io/pod-group=<name>`; `spec.minMember`, `spec.scheduleTimeoutSeconds`.
+KAI-style pod annotations `kai.scheduler/topology-required-placement` and
+`kai.scheduler/topology-preferred-placement` add topology to a gang that has none of its own.
+
+The definitions are kept by `GangObjects` (fed by watches); `resolve()` answers, for a pod,
+which gang it belongs to and that gang's spec, or why the definition is not usable yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from solver.model import Slice, TopologyRequest
+
+JSON = dict[str, Any]
+
+WORKLOAD_LABEL = "phalanx.io/workload"
+GROUP_LABEL = "phalanx.io/gang-group"
+REPLICA_LABEL = "phalanx.io/gang-replica"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+KAI_REQUIRED = "kai.scheduler/topology-required-placement"
+KAI_PREFERRED = "kai.scheduler/topology-preferred-placement"
+
+WORKLOAD = ("phalanx.io", "Workload")
+NATIVE_POD_GROUP = ("scheduling.k8s.io", "PodGroup")
+COSCHEDULING_POD_GROUP = ("scheduling.x-k8s.io", "PodGroup")
+
+DEFAULT_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class GangSpec:
+    """A gang as Phalanx plans it, whatever defined it."""
+
+    key: str  # from `gang_key`: "wl:<ns>/<workload>/<group>/<replica>", "pg:<ns>/<name>", "cs:<ns>/<name>"
+    namespace: str
+    source: tuple[str, str]  # (API group, kind) of the defining object
+    owner: JSON  # the defining object's reference, for Events and status
+    min_count: int
+    count: int  # members expected; 0 when the definition does not say (members seen count)
+    timeout_s: int
+    topology: TopologyRequest
+    priority: int = 0
+    enabled: bool = True  # gangMode Off: members are scheduled as single pods
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """A pod's gang: its key, and the spec or the reason it is not usable yet."""
+
+    key: str
+    spec: GangSpec | None
+    reason: str = ""
+
+
+@dataclass
+class GangObjects:
+    """The defining objects, by (group, kind) and namespace/name."""
+
+    objects: dict[tuple[str, str], dict[str, JSON]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def replace(self, kind: tuple[str, str], items: list[JSON]) -> None:
+        with self.lock:
+            self.objects[kind] = {_ns_name(o): o for o in items}
+
+    def event(self, kind: tuple[str, str], event: str, obj: JSON) -> None:
+        with self.lock:
+            bucket = self.objects.setdefault(kind, {})
+            if event == "DELETED":
+                bucket.pop(_ns_name(obj), None)
+            else:
+                bucket[_ns_name(obj)] = obj
+
+    def get(self, kind: tuple[str, str], namespace: str, name: str) -> JSON | None:
+        with self.lock:
+            return self.objects.get(kind, {}).get(f"{namespace}/{name}")
+
+
+def _ns_name(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def resolve(
+    objects: GangObjects, namespace: str, labels: dict[str, str], annotations: dict[str, str], scheduling_group: str
+) -> Resolution | None:
+    """The gang of a pod, or None when the pod belongs to no gang."""
+    if WORKLOAD_LABEL in labels:
+        res = _workload(objects, namespace, labels)
+    elif scheduling_group:
+        res = _native(objects, namespace, scheduling_group)
+    elif COSCHEDULING_LABEL in labels:
+        res = _coscheduling(objects, namespace, labels[COSCHEDULING_LABEL])
+    else:
+        return None
+    if res.spec is not None and not res.spec.topology.any:
+        kai = TopologyRequest(required=annotations.get(KAI_REQUIRED, ""), preferred=annotations.get(KAI_PREFERRED, ""))
+        if kai.any:
+            res = Resolution(res.key, _with_topology(res.spec, kai), res.reason)
+    return res
+
+
+def _with_topology(spec: GangSpec, topology: TopologyRequest) -> GangSpec:
+    return GangSpec(
+        spec.key,
+        spec.namespace,
+        spec.source,
+        spec.owner,
+        spec.min_count,
+        spec.count,
+        spec.timeout_s,
+        topology,
+        spec.priority,
+        spec.enabled,
+    )
+
+
+def _owner(obj: JSON, api_version: str, kind: str) -> JSON:
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""), "uid": meta.get("uid", "")},
+    }
+
+
+def gang_key(namespace: str, labels: dict[str, str], scheduling_group: str) -> str:
+    """The gang a pod belongs to, from its own fields alone ("" for none): what the manager
+    indexes members by before any definition is read."""
+    if WORKLOAD_LABEL in labels:
+        parts = (namespace, labels[WORKLOAD_LABEL], labels.get(GROUP_LABEL, ""), labels.get(REPLICA_LABEL, ""))
+        return "wl:" + "/".join(parts).rstrip("/")
+    if scheduling_group:
+        return f"pg:{namespace}/{scheduling_group}"
+    if COSCHEDULING_LABEL in labels:
+        return f"cs:{namespace}/{labels[COSCHEDULING_LABEL]}"
+    return ""
+
+
+def _workload(objects: GangObjects, namespace: str, labels: dict[str, str]) -> Resolution:
+    name = labels[WORKLOAD_LABEL]
+    obj = objects.get(WORKLOAD, namespace, name)
+    group_name = labels.get(GROUP_LABEL, "")
+    key = gang_key(namespace, labels, "")
+    if obj is None:
+        return Resolution(key, None, f"waiting for Workload {namespace}/{name}")
+    spec = obj.get("spec") or {}
+    groups = spec.get("gangGroups") or []
+    group = next((g for g in groups if g.get("name") == group_name), None) if group_name else (groups[:1] or [None])[0]
+    if group is None:
+        return Resolution(key, None, f"Workload {namespace}/{name} has no gang group {group_name!r}")
+    count = _group_count(group)
+    min_count = int(group.get("minCount") or count or 1)
+    return Resolution(
+        key,
+        GangSpec(
+            key=key,
+            namespace=namespace,
+            source=WORKLOAD,
+            owner=_owner(obj, "phalanx.io/v1alpha1", "Workload"),
+            min_count=min_count,
+            count=max(count, min_count),
+            timeout_s=int(group.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
+            topology=_topology(group.get("topologyRequest") or {}),
+            priority=int(group.get("priority") or 0),
+            enabled=group.get("gangMode", "Gang") != "Off",
+        ),
+    )
+
+
+def _group_count(group: JSON) -> int:
+    """Members a gang group expects: the sum of its eqGroups' counts, capped by maxCount."""
+    total = sum(int(eq.get("count") or 0) for rg in group.get("rankedGroups") or [] for eq in rg.get("eqGroups") or [])
+    if group.get("maxCount"):
+        total = min(total, int(group["maxCount"])) if total else int(group["maxCount"])
+    return total
+
+
+def _topology(req: JSON) -> TopologyRequest:
+    slices = tuple(Slice(str(s.get("level", "")), int(s.get("size") or 1)) for s in req.get("slices") or [])
+    return TopologyRequest(str(req.get("required") or ""), str(req.get("preferred") or ""), slices)
+
+
+def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:
+    key = f"pg:{namespace}/{name}"
+    obj = objects.get(NATIVE_POD_GROUP, namespace, name)
+    if obj is None:
+        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.k8s.io)")
+    spec = obj.get("spec") or {}
+    gang = (spec.get("schedulingPolicy") or {}).get("gang")
+    topology = ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", "")
+    min_count = int((gang or {}).get("minCount") or 1)
+    return Resolution(
+        key,
+        GangSpec(
+            key=key,
+            namespace=namespace,
+            source=NATIVE_POD_GROUP,
+            owner=_owner(obj, "scheduling.k8s.io/v1alpha2", "PodGroup"),
+            min_count=min_count,
+            count=0,
+            timeout_s=DEFAULT_TIMEOUT_S,
+            topology=TopologyRequest(required=topology),
+            priority=int(spec.get("priority") or 0),
+            enabled=gang is not None,
+        ),
+    )
+
+
+def _coscheduling(objects: GangObjects, namespace: str, name: str) -> Resolution:
+    key = f"cs:{namespace}/{name}"
+    obj = objects.get(COSCHEDULING_POD_GROUP, namespace, name)
+    if obj is None:
+        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.x-k8s.io)")
+    spec = obj.get("spec") or {}
+    return Resolution(
+        key,
+        GangSpec(
+            key=key,
+            namespace=namespace,
+            source=COSCHEDULING_POD_GROUP,
+            owner=_owner(obj, "scheduling.x-k8s.io/v1alpha1", "PodGroup"),
+            min_count=int(spec.get("minMember") or 1),
+            count=0,
+            timeout_s=int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
+            topology=TopologyRequest(),
+        ),
+    )

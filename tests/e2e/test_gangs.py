@@ -1,0 +1,259 @@
+"""All-or-nothing gangs through the real kube-scheduler calling Phalanx.
+
+The cluster (config/cluster.yaml): blocks b0 and b1 of 4 racks x 8 nodes x 8 GPUs; rack b1-r3
+is MIG (4 whole GPUs per node). Each test cleans up its own pods so capacity is free again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.local.cluster import LocalCluster
+from extender.app import Extender, Options
+from extender.kube import RestKube
+from tests.e2e.test_extender import wait
+
+pytestmark = pytest.mark.e2e
+
+NS = "default"
+CRDS = ["config/crds/phalanx.io_workloads.yaml"]
+BLOCK, RACK = "topology.phalanx.io/block", "topology.phalanx.io/rack"
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: LocalCluster) -> RestKube:
+    k = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+    for path in CRDS:
+        r = k.request(
+            "POST",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            body=yaml.safe_load(Path(path).read_text()),
+        )
+        assert r.status in (201, 409), r.body
+    wait("Workload API served", lambda: k.request("GET", "/apis/phalanx.io/v1alpha1/workloads").status == 200)
+    return k
+
+
+@pytest.fixture(scope="module")
+def extender(cluster: LocalCluster, kube: RestKube) -> Iterator[dict[str, Extender]]:
+    holder = {"current": Extender(kube, Options(port=0))}
+    holder["current"].start()
+    wait("extender ready", holder["current"].ready)
+    cluster.restart_scheduler(holder["current"].server.url)
+    yield holder
+    cluster.restart_scheduler(None)
+    holder["current"].stop()
+
+
+def workload(
+    kube: RestKube,
+    name: str,
+    count: int,
+    *,
+    min_count: int | None = None,
+    required: str = "",
+    preferred: str = "",
+    timeout_s: int = 60,
+) -> None:
+    body = {
+        "apiVersion": "phalanx.io/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "gangGroups": [
+                {
+                    "name": "workers",
+                    "minCount": min_count or count,
+                    "scheduleTimeoutSeconds": timeout_s,
+                    "topologyRequest": {"required": required, "preferred": preferred},
+                    "rankedGroups": [{"name": "all", "eqGroups": [{"name": "w", "count": count}]}],
+                }
+            ]
+        },
+    }
+    r = kube.request("POST", f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads", body=body)
+    assert r.status == 201, r.body
+
+
+def member(
+    kube: RestKube,
+    name: str,
+    labels: dict[str, str],
+    *,
+    gpus: int = 8,
+    selector: dict[str, str] | None = None,
+    spec: dict[str, Any] | None = None,
+    scheduler: str = "default-scheduler",
+) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"suite": "gangs", **labels}},
+        "spec": {
+            "schedulerName": scheduler,
+            "nodeSelector": selector or {},
+            "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}],
+            **(spec or {}),
+        },
+    }
+    r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
+    assert r.status == 201, r.body
+
+
+def pods(kube: RestKube, selector: str) -> list[dict[str, Any]]:
+    return list(kube.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": selector}).body["items"])
+
+
+def bound(kube: RestKube, selector: str) -> list[dict[str, Any]]:
+    return [p for p in pods(kube, selector) if p["spec"].get("nodeName")]
+
+
+def delete_pods(kube: RestKube, selector: str) -> None:
+    kube.request(
+        "DELETE", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": selector, "gracePeriodSeconds": "0"}
+    )
+    wait(f"pods {selector} gone", lambda: not pods(kube, selector))
+
+
+def labels_of(node: str, kube: RestKube) -> dict[str, str]:
+    return dict(kube.request("GET", f"/api/v1/nodes/{node}").body["metadata"]["labels"])
+
+
+def events_for(kube: RestKube, name: str) -> list[str]:
+    r = kube.request("GET", f"/api/v1/namespaces/{NS}/events", query={"fieldSelector": f"involvedObject.name={name}"})
+    return [e["message"] for e in r.body["items"]]
+
+
+def test_a_16_gpu_node_gang_lands_in_one_block_on_the_fewest_racks(
+    extender: dict[str, Extender], kube: RestKube
+) -> None:
+    workload(kube, "big", 16, required=BLOCK, preferred=RACK)
+    for i in range(16):
+        member(kube, f"big-{i}", {"phalanx.io/workload": "big"})
+    placed = wait("16 members bound", lambda: (b := bound(kube, "phalanx.io/workload=big")) and len(b) == 16 and b)
+    domains = [labels_of(p["spec"]["nodeName"], kube) for p in placed]
+    assert len({d[BLOCK] for d in domains}) == 1
+    assert len({d[RACK] for d in domains}) == 2  # 8 whole nodes per rack: 2 is the fewest possible
+    status = wait(
+        "Workload status",
+        lambda: (
+            kube.request("GET", f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/big")
+            .body.get("status", {})
+            .get("phase")
+            == "Scheduled"
+        ),
+    )
+    assert status
+    delete_pods(kube, "phalanx.io/workload=big")
+
+
+def test_a_gang_that_cannot_fit_binds_nothing_and_reports_why(extender: dict[str, Extender], kube: RestKube) -> None:
+    workload(kube, "toobig", 10, required=RACK)
+    for i in range(10):
+        member(kube, f"toobig-{i}", {"phalanx.io/workload": "toobig"})
+    messages = wait(
+        "FailedScheduling with the reason", lambda: [m for m in events_for(kube, "toobig-0") if "within one rack" in m]
+    )
+    assert "needs 80 GPUs within one rack" in messages[0]
+    assert not bound(kube, "phalanx.io/workload=toobig")
+    gangs = extender["current"].gangs.describe()
+    assert any(g["key"] == "wl:default/toobig" and "within one rack" in g["pendingReason"] for g in gangs)
+    delete_pods(kube, "phalanx.io/workload=toobig")
+
+
+def test_two_gangs_that_fit_alone_but_not_together_one_binds_whole_the_other_waits(
+    extender: dict[str, Extender], kube: RestKube
+) -> None:
+    # Block b1 has 24 whole 8-GPU nodes (rack b1-r3 is MIG): each 20-pod gang fits, both do not.
+    for name in ("first", "second"):
+        workload(kube, name, 20)
+    for i in range(20):
+        for name in ("first", "second"):
+            member(kube, f"{name}-{i}", {"phalanx.io/workload": name}, selector={BLOCK: "b1"})
+    winner = wait(
+        "one gang fully bound",
+        lambda: next((n for n in ("first", "second") if len(bound(kube, f"phalanx.io/workload={n}")) == 20), None),
+    )
+    loser = "second" if winner == "first" else "first"
+    time.sleep(3)  # not a synchronization: a window in which a partial bind would show
+    assert bound(kube, f"phalanx.io/workload={loser}") == []
+    delete_pods(kube, f"phalanx.io/workload={winner}")
+    wait(
+        f"{loser} fully bound once capacity frees",
+        lambda: len(bound(kube, f"phalanx.io/workload={loser}")) == 20,
+        deadline_s=180,
+    )
+    delete_pods(kube, f"phalanx.io/workload={loser}")
+
+
+def test_min_count_below_count_binds_at_least_min_count(extender: dict[str, Extender], kube: RestKube) -> None:
+    rack = {RACK: "b1-r0"}
+    for i in range(3):  # fill 3 of the rack's 8 nodes
+        member(kube, f"filler-{i}", {"role": "filler"}, selector=rack)
+    wait("fillers bound", lambda: len(bound(kube, "role=filler")) == 3)
+    workload(kube, "elastic", 6, min_count=4)
+    for i in range(6):
+        member(kube, f"elastic-{i}", {"phalanx.io/workload": "elastic"}, selector=rack)
+    wait("at least minCount bound", lambda: len(bound(kube, "phalanx.io/workload=elastic")) >= 4)
+    wait("all that fit bound", lambda: len(bound(kube, "phalanx.io/workload=elastic")) == 5)
+    delete_pods(kube, "phalanx.io/workload=elastic")
+    delete_pods(kube, "role=filler")
+
+
+def test_a_native_scheduling_k8s_io_pod_group_gang(extender: dict[str, Extender], kube: RestKube) -> None:
+    group = {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": "native", "namespace": NS},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "schedulingConstraints": {"topology": [{"key": RACK}]}},
+    }
+    r = kube.request("POST", f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{NS}/podgroups", body=group)
+    assert r.status == 201, r.body
+    for i in range(4):
+        member(kube, f"native-{i}", {"group": "native"}, gpus=4, spec={"schedulingGroup": {"podGroupName": "native"}})
+    placed = wait("native gang bound", lambda: (b := bound(kube, "group=native")) and len(b) == 4 and b)
+    assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
+    delete_pods(kube, "group=native")
+
+
+def test_restart_mid_gang_binds_nothing_twice_and_ends_fully_bound(
+    cluster: LocalCluster, extender: dict[str, Extender], kube: RestKube
+) -> None:
+    # A fifth member that no scheduler serves keeps the gate shut: four members wait at bind.
+    workload(kube, "stuck", 5, min_count=5, timeout_s=20)
+    for i in range(4):
+        member(kube, f"stuck-{i}", {"phalanx.io/workload": "stuck"})
+    member(kube, "stuck-blocker", {"phalanx.io/workload": "stuck", "role": "blocker"}, scheduler="nobody")
+    wait(
+        "gang planned and waiting at bind",
+        lambda: any(g["key"] == "wl:default/stuck" and g["plan"] for g in extender["current"].gangs.describe()),
+    )
+    assert bound(kube, "phalanx.io/workload=stuck") == []
+    url = extender["current"].server.url
+    extender["current"].stop()
+    fresh = Extender(kube, Options(port=int(url.rsplit(":", 1)[1])))
+    fresh.start()
+    extender["current"] = fresh
+    wait("restarted extender ready", fresh.ready)
+    assert bound(kube, "phalanx.io/workload=stuck") == []
+    delete_pods(kube, "role=blocker")
+    kube.request(
+        "PATCH",
+        f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/stuck",
+        body={"spec": {"gangGroups": [{"name": "workers", "minCount": 4, "scheduleTimeoutSeconds": 20}]}},
+        content_type="application/merge-patch+json",
+    )
+    placed = wait(
+        "the gang ends fully bound",
+        lambda: (b := bound(kube, "phalanx.io/workload=stuck")) and len(b) == 4 and b,
+        deadline_s=180,
+    )
+    assert Counter(p["metadata"]["name"] for p in placed) == Counter(f"stuck-{i}" for i in range(4))
+    delete_pods(kube, "phalanx.io/workload=stuck")
