@@ -23,7 +23,7 @@ from tests.e2e.test_extender import wait
 pytestmark = pytest.mark.e2e
 
 NS = "default"
-CRDS = ["config/crds/phalanx.io_workloads.yaml"]
+CRDS = ["config/crds/phalanx.io_workloads.yaml", "config/crds/scheduling.x-k8s.io_podgroups.yaml"]
 BLOCK, RACK = "topology.phalanx.io/block", "topology.phalanx.io/rack"
 
 
@@ -37,7 +37,8 @@ def kube(cluster: LocalCluster) -> RestKube:
             body=yaml.safe_load(Path(path).read_text()),
         )
         assert r.status in (201, 409), r.body
-    wait("Workload API served", lambda: k.request("GET", "/apis/phalanx.io/v1alpha1/workloads").status == 200)
+    for api in ("/apis/phalanx.io/v1alpha1/workloads", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"):
+        wait(f"{api} served", lambda api=api: k.request("GET", api).status == 200)
     return k
 
 
@@ -91,11 +92,12 @@ def member(
     selector: dict[str, str] | None = None,
     spec: dict[str, Any] | None = None,
     scheduler: str = "default-scheduler",
+    annotations: dict[str, str] | None = None,
 ) -> None:
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": {"suite": "gangs", **labels}},
+        "metadata": {"name": name, "labels": {"suite": "gangs", **labels}, "annotations": annotations or {}},
         "spec": {
             "schedulerName": scheduler,
             "nodeSelector": selector or {},
@@ -221,6 +223,26 @@ def test_a_native_scheduling_k8s_io_pod_group_gang(extender: dict[str, Extender]
     placed = wait("native gang bound", lambda: (b := bound(kube, "group=native")) and len(b) == 4 and b)
     assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
     delete_pods(kube, "group=native")
+
+
+def test_a_coscheduling_pod_group_with_kai_topology_annotations(extender: dict[str, Extender], kube: RestKube) -> None:
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "cosched", "namespace": NS},
+        "spec": {"minMember": 3, "scheduleTimeoutSeconds": 30},
+    }
+    r = kube.request("POST", f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NS}/podgroups", body=group)
+    assert r.status == 201, r.body
+    kai = {"kai.scheduler/topology-required-placement": RACK}
+    for i in range(3):
+        member(kube, f"cosched-{i}", {"scheduling.x-k8s.io/pod-group": "cosched"}, annotations=kai)
+    placed = wait(
+        "coscheduling gang bound",
+        lambda: (b := bound(kube, "scheduling.x-k8s.io/pod-group=cosched")) and len(b) == 3 and b,
+    )
+    assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
+    delete_pods(kube, "scheduling.x-k8s.io/pod-group=cosched")
 
 
 def test_restart_mid_gang_binds_nothing_twice_and_ends_fully_bound(

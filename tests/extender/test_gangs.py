@@ -1,0 +1,297 @@
+"""Gang sources, eligibility and the plan-reserve-permit cycle, in process (the real
+kube-scheduler path is in tests/e2e/test_gangs.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from extender.cache import Cache
+from extender.eligibility import matches
+from extender.gangs.manager import GANG_TIMEOUT, WAITING_QUORUM, GangManager
+from extender.gangs.sources import (
+    COSCHEDULING_POD_GROUP,
+    NATIVE_POD_GROUP,
+    WORKLOAD,
+    GangObjects,
+    gang_key,
+    resolve,
+)
+from extender.objects import pod_info
+from solver.params import SolverParams
+from tests.extender.fakes import node, pod
+
+LEVELS = ("topology.phalanx.io/block", "topology.phalanx.io/rack", "kubernetes.io/hostname")
+
+
+def workload(name: str, count: int, *, min_count: int | None = None, timeout_s: int = 60, **group: Any) -> dict:  # type: ignore[type-arg]
+    gang = {
+        "name": "workers",
+        "minCount": min_count or count,
+        "scheduleTimeoutSeconds": timeout_s,
+        "rankedGroups": [{"name": "r", "eqGroups": [{"name": "w", "count": count}]}],
+        **group,
+    }
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"wl-{name}"}, "spec": {"gangGroups": [gang]}}
+
+
+def member(name: str, gang: str, **kw: Any) -> dict:  # type: ignore[type-arg]
+    p = pod(name, gpus=8, **kw)
+    p["metadata"]["labels"] = {"phalanx.io/workload": gang}
+    return p
+
+
+# ---------------------------------------------------------------------------- sources
+
+
+def test_workload_members_resolve_to_the_group_with_counts_timeout_and_topology() -> None:
+    objects = GangObjects()
+    objects.replace(
+        WORKLOAD,
+        [
+            workload(
+                "job",
+                16,
+                min_count=12,
+                timeout_s=30,
+                topologyRequest={"required": "block", "slices": [{"level": "rack", "size": 8}]},
+            )
+        ],
+    )
+    res = resolve(objects, "default", {"phalanx.io/workload": "job"}, {}, "")
+    assert res is not None and res.spec is not None
+    assert (res.key, res.spec.min_count, res.spec.count, res.spec.timeout_s) == ("wl:default/job", 12, 16, 30)
+    assert res.spec.topology.required == "block" and res.spec.topology.slices[0].size == 8
+
+
+def test_a_missing_definition_is_a_reason_not_an_error() -> None:
+    res = resolve(GangObjects(), "default", {"phalanx.io/workload": "later"}, {}, "")
+    assert res is not None and res.spec is None and res.reason == "waiting for Workload default/later"
+
+
+def test_replicated_gangs_are_separate_gangs() -> None:
+    a = gang_key("ns", {"phalanx.io/workload": "lws", "phalanx.io/gang-replica": "0"}, "")
+    b = gang_key("ns", {"phalanx.io/workload": "lws", "phalanx.io/gang-replica": "1"}, "")
+    assert a != b and a == "wl:ns/lws//0"
+
+
+def test_gang_mode_off_schedules_members_as_single_pods() -> None:
+    objects = GangObjects()
+    objects.replace(WORKLOAD, [workload("svc", 4, gangMode="Off")])
+    res = resolve(objects, "default", {"phalanx.io/workload": "svc"}, {}, "")
+    assert res is not None and res.spec is not None and not res.spec.enabled
+
+
+def test_native_pod_group_gang_and_its_topology_key() -> None:
+    objects = GangObjects()
+    objects.replace(
+        NATIVE_POD_GROUP,
+        [
+            {
+                "metadata": {"name": "pg", "namespace": "ns"},
+                "spec": {
+                    "schedulingPolicy": {"gang": {"minCount": 3}},
+                    "schedulingConstraints": {"topology": [{"key": "rack"}]},
+                },
+            }
+        ],
+    )
+    res = resolve(objects, "ns", {}, {}, "pg")
+    assert res is not None and res.spec is not None
+    assert (res.key, res.spec.min_count, res.spec.topology.required) == ("pg:ns/pg", 3, "rack")
+
+
+def test_coscheduling_label_with_kai_topology_annotations() -> None:
+    objects = GangObjects()
+    objects.replace(
+        COSCHEDULING_POD_GROUP,
+        [{"metadata": {"name": "pg", "namespace": "ns"}, "spec": {"minMember": 5, "scheduleTimeoutSeconds": 7}}],
+    )
+    annotations = {"kai.scheduler/topology-required-placement": "block"}
+    res = resolve(objects, "ns", {"scheduling.x-k8s.io/pod-group": "pg"}, annotations, "")
+    assert res is not None and res.spec is not None
+    assert (res.spec.min_count, res.spec.timeout_s, res.spec.topology.required) == (5, 7, "block")
+
+
+def test_pods_without_gang_labels_are_not_gang_members() -> None:
+    assert resolve(GangObjects(), "ns", {"app": "x"}, {}, "") is None
+
+
+# ---------------------------------------------------------------------------- eligibility
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "expected"),
+    [
+        ("selector matches", {"nodeSelector": {"zone": "a"}}, True),
+        ("selector differs", {"nodeSelector": {"zone": "b"}}, False),
+        (
+            "affinity In",
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            True,
+        ),
+        (
+            "affinity NotIn",
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            False,
+        ),
+        (
+            "affinity Gt",
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "gpus", "operator": "Gt", "values": ["4"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            True,
+        ),
+        (
+            "matchFields on the name",
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            False,
+        ),
+        ("taint not tolerated", {"tolerations": []}, False),
+        ("taint tolerated by key", {"tolerations": [{"key": "gpu", "operator": "Exists"}]}, True),
+        ("taint tolerated by value", {"tolerations": [{"key": "gpu", "operator": "Equal", "value": "yes"}]}, True),
+    ],
+)
+def test_eligibility_follows_kube_scheduler_rules(case: str, spec: dict, expected: bool) -> None:  # type: ignore[type-arg]
+    labels = {"zone": "a", "gpus": "8"}
+    taints = [("gpu", "yes", "NoSchedule")] if "taint" in case else []
+    assert matches("n0", labels, taints, spec) is expected
+
+
+# ---------------------------------------------------------------------------- the cycle
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.nudged: list[str] = []
+
+    def notify(self, spec: Any, reason: str, message: str, kind: str) -> None:
+        self.events.append((reason, message))
+
+    def nudge(self, namespace: str, name: str, value: str) -> None:
+        self.nudged.append(name)
+
+
+def manager_with(nodes: int, *definitions: dict) -> tuple[GangManager, Cache, Recorder]:  # type: ignore[type-arg]
+    cache = Cache(LEVELS)
+    cache.replace_nodes([node(f"n{i}", rack=f"b0-r{i // 4}") for i in range(nodes)])
+    objects = GangObjects()
+    objects.replace(WORKLOAD, list(definitions))
+    rec = Recorder()
+    return GangManager(cache, objects, SolverParams, rec.notify, rec.nudge, bind_wait_cap_s=5), cache, rec
+
+
+def add(cache: Cache, *pods: dict) -> list[Any]:  # type: ignore[type-arg]
+    for p in pods:
+        cache.pod_event("ADDED", p)
+    return [pod_info(p) for p in pods]
+
+
+def test_no_member_is_placed_before_quorum_then_all_are_planned_at_once() -> None:
+    mgr, cache, rec = manager_with(8, workload("job", 3))
+    names = [f"n{i}" for i in range(8)]
+    first = add(cache, member("p0", "job"))[0]
+    answer = mgr.filter(first, names)
+    assert answer is not None and answer.passed == [] and set(answer.failed.values()) == {f"{WAITING_QUORUM} 1/3"}
+    rest = add(cache, member("p1", "job"), member("p2", "job"))
+    answer = mgr.filter(first, names)
+    assert answer is not None and len(answer.passed) == 1
+    planned = {m.uid: mgr.filter(m, names).passed[0] for m in [first, *rest]}  # type: ignore[union-attr]
+    assert len(set(planned.values())) == 3  # one node each
+    assert sorted(rec.nudged) == ["p0", "p1", "p2"]  # members woken to come back
+    assert set(cache.assumed) == set(planned)  # capacity reserved for all
+
+
+def test_filter_answers_from_the_plan_without_solving_again() -> None:
+    mgr, cache, _ = manager_with(8, workload("job", 2))
+    members = add(cache, member("p0", "job"), member("p1", "job"))
+    names = [f"n{i}" for i in range(8)]
+    mgr.filter(members[0], names)
+    plans = mgr.gangs["wl:default/job"].plans
+    for _ in range(50):
+        mgr.filter(members[1], names)
+    assert mgr.gangs["wl:default/job"].plans == plans
+
+
+def test_the_gate_opens_only_when_every_planned_member_has_arrived() -> None:
+    mgr, cache, _ = manager_with(8, workload("job", 3))
+    members = add(cache, *(member(f"p{i}", "job") for i in range(3)))
+    names = [f"n{i}" for i in range(8)]
+    nodes = {m.uid: mgr.filter(m, names).passed[0] for m in members}  # type: ignore[union-attr]
+    results: dict[str, str | None] = {}
+    threads = [
+        threading.Thread(target=lambda m=m: results.__setitem__(m.name, mgr.permit(m, nodes[m.uid])))
+        for m in members[:2]
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)  # a window in which an early open would show
+    assert results == {}
+    results["p2"] = mgr.permit(members[2], nodes[members[2].uid])
+    for t in threads:
+        t.join(5)
+    assert results == {"p0": "", "p1": "", "p2": ""}
+
+
+def test_a_gate_that_does_not_close_in_time_releases_everything() -> None:
+    mgr, cache, rec = manager_with(8, workload("job", 2, timeout_s=1))
+    members = add(cache, member("p0", "job"), member("p1", "job"))
+    names = [f"n{i}" for i in range(8)]
+    node0 = mgr.filter(members[0], names).passed[0]  # type: ignore[union-attr]
+    error = mgr.permit(members[0], node0)
+    assert error is not None and error.startswith(GANG_TIMEOUT)
+    assert cache.assumed == {}
+    assert ("Released", error) in rec.events
+
+
+def test_a_second_gang_never_takes_a_reserved_node() -> None:
+    mgr, cache, _ = manager_with(4, workload("a", 3), workload("b", 3))
+    a = add(cache, *(member(f"a{i}", "a") for i in range(3)))
+    b = add(cache, *(member(f"b{i}", "b") for i in range(3)))
+    names = [f"n{i}" for i in range(4)]
+    assert mgr.filter(a[0], names).passed  # type: ignore[union-attr]
+    answer = mgr.filter(b[0], names)
+    assert answer is not None and answer.passed == []
+    assert not any(uid.startswith("uid-b") for uid in cache.assumed)
