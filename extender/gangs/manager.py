@@ -38,6 +38,7 @@ from solver.model import (
     DeviceAssignment,
     EqGroup,
     GangName,
+    GangPlan,
     GangRequest,
     NodeName,
     Outcome,
@@ -74,6 +75,17 @@ class GangState:
     solve_ms: float = 0.0
     summary: str = ""
     plans: int = 0  # plans made so far, written on members to wake them
+
+
+@dataclass
+class _Pending:
+    """A gang about to be planned: its unplanned members grouped by shape and placement."""
+
+    state: GangState
+    spec: GangSpec
+    pending: list[PodInfo]
+    bound: list[PodInfo]
+    groups: dict[tuple[Any, ...], list[PodInfo]] = field(default_factory=lambda: defaultdict(list))
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,35 +178,59 @@ class GangManager:
         return sorted((p for p in pods if p.active), key=lambda p: (p.created, p.name))
 
     def _plan(self, state: GangState, spec: GangSpec, pending: list[PodInfo], bound: list[PodInfo]) -> None:
-        """One solve for every unplanned pending member; reserve all or nothing."""
-        planned_already = len(state.plan) + len(bound)
-        log.debug("planning", gang=state.key, pending=len(pending), planned=len(state.plan), bound=len(bound))
-        need = max(0, spec.min_count - planned_already)
-        groups: dict[tuple[Any, ...], list[PodInfo]] = defaultdict(list)
-        for p in pending:
-            groups[(p.requests, p.demand, p.placement)].append(p)
+        """One solve for this gang's unplanned members and every other gang that has quorum
+        but no plan yet (joint placement packs better than first come, first served);
+        each gang is reserved all or nothing."""
+        entries = [_Pending(state, spec, pending, bound), *self._other_pending(state.key)]
         snapshot = self.cache.snapshot()
-        anchor = self._anchor(snapshot, spec, [p.node for p in bound] + [r.node for r in state.plan.values()])
+        requests = [self._request(snapshot, e) for e in entries]
+        started = time.perf_counter()
+        result = solve(snapshot, requests, params=self.params())
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        for entry, gang in zip(entries, result.gangs, strict=True):
+            entry.state.solve_ms = elapsed_ms
+            if gang.outcome is Outcome.PLACED:
+                self._reserve(entry, gang, snapshot, result.status.value)
+            elif entry.state.reason != gang.explanation:
+                entry.state.reason = gang.explanation
+                entry.state.phase = "Pending"
+                self.notify(entry.spec, "Unschedulable", gang.explanation, "Warning")
+                log.info(
+                    "gang not placed", gang=entry.state.key, reason=gang.explanation, solve_ms=round(elapsed_ms, 1)
+                )
+
+    def _other_pending(self, key: str, most: int = 8) -> list[_Pending]:
+        out = []
+        for other, st in self.gangs.items():
+            if other == key or st.plan or st.spec is None or not st.spec.enabled:
+                continue
+            pods = self._member_pods(other)
+            pending = [p for p in pods if not p.node]
+            if pending and len(pods) >= st.spec.min_count:
+                out.append(_Pending(st, st.spec, pending, [p for p in pods if p.node]))
+        out.sort(key=lambda e: (-e.spec.priority, e.state.key))
+        return out[:most]
+
+    def _request(self, snapshot: ClusterSnapshot, entry: _Pending) -> GangRequest:
+        state, spec = entry.state, entry.spec
+        need = max(0, spec.min_count - len(state.plan) - len(entry.bound))
+        for p in entry.pending:
+            entry.groups[(p.requests, p.demand, p.placement)].append(p)
+        anchor = self._anchor(snapshot, spec, [p.node for p in entry.bound] + [r.node for r in state.plan.values()])
+        n = len(entry.groups)
         eqs = tuple(
             EqGroup(
-                _group_name(i, len(groups)),
+                _group_name(i, n),
                 PodShape(req, demand, allowed_nodes=self._allowed(snapshot, placement, anchor)),
                 len(ms),
             )
-            for i, ((req, demand, placement), ms) in enumerate(groups.items())
+            for i, ((req, demand, placement), ms) in enumerate(entry.groups.items())
         )
-        request = GangRequest(GangName(state.key), eqs, min_count=need, topology=spec.topology, priority=spec.priority)
-        started = time.perf_counter()
-        result = solve(snapshot, [request], params=self.params())
-        state.solve_ms = (time.perf_counter() - started) * 1000
-        gang = result.gangs[0]
-        if gang.outcome is not Outcome.PLACED:
-            state.reason = gang.explanation
-            state.phase = "Pending"
-            self.notify(spec, "Unschedulable", gang.explanation, "Warning")
-            log.info("gang not placed", gang=state.key, reason=gang.explanation, solve_ms=round(state.solve_ms, 1))
-            return
-        by_group = {_group_name(i, len(groups)): members for i, members in enumerate(groups.values())}
+        return GangRequest(GangName(state.key), eqs, min_count=need, topology=spec.topology, priority=spec.priority)
+
+    def _reserve(self, entry: _Pending, gang: GangPlan, snapshot: ClusterSnapshot, status: str) -> None:
+        state, spec = entry.state, entry.spec
+        by_group = {_group_name(i, len(entry.groups)): ms for i, ms in enumerate(entry.groups.values())}
         taken: dict[str, int] = defaultdict(int)
         state.plans += 1
         for a in sorted(gang.assignments, key=lambda a: a.rank):
@@ -206,22 +242,20 @@ class GangManager:
         state.deadline = time.monotonic() + spec.timeout_s
         state.reason = ""
         state.phase = "Planned"
-        placed = len(gang.assignments)
         levels = snapshot.levels if len(snapshot.levels) == len(gang.domains_used) else (*snapshot.levels, "hosts")
         where = ", ".join(
             f"{count} {level.rsplit('/', 1)[-1]}" for level, count in zip(levels, gang.domains_used, strict=True)
         )
-        summary = (
-            f"planned {placed} of {len(pending)} pending members on {where} "
-            f"({result.status.value}, {state.solve_ms:.0f} ms)"
+        state.summary = (
+            f"planned {len(gang.assignments)} of {len(entry.pending)} pending members on {where} "
+            f"({status}, {state.solve_ms:.0f} ms)"
         )
-        state.summary = summary
-        self.notify(spec, "Planned", summary, "Normal")
+        self.notify(spec, "Planned", state.summary, "Normal")
         log.info(
             "gang planned",
             gang=state.key,
-            members=placed,
-            status=result.status.value,
+            members=len(gang.assignments),
+            status=status,
             domains=gang.domains_used,
             solve_ms=round(state.solve_ms, 1),
         )

@@ -295,3 +295,21 @@ def test_a_second_gang_never_takes_a_reserved_node() -> None:
     answer = mgr.filter(b[0], names)
     assert answer is not None and answer.passed == []
     assert not any(uid.startswith("uid-b") for uid in cache.assumed)
+
+
+def test_gangs_with_quorum_are_planned_together_so_a_constrained_one_is_not_starved() -> None:
+    # Rack b0-r0 (n0-n3) is the only place gang b may go; gang a could go anywhere. Planned alone
+    # and first, a could take b0-r0; planned together, a goes to b0-r1 and both fit.
+    mgr, cache, _ = manager_with(8, workload("a", 4), workload("b", 4))
+    only_r0 = {"nodeSelector": {"topology.phalanx.io/rack": "b0-r0"}}
+    b = add(cache, *(member(f"b{i}", "b") | {"spec": {**member(f"b{i}", "b")["spec"], **only_r0}} for i in range(4)))
+    a = add(cache, *(member(f"a{i}", "a") for i in range(4)))
+    mgr.filter(b[0], [])  # b's first filter: quorum met, gang known (its nodes are not candidates yet)
+    mgr.gangs["wl:default/b"].plan.clear()
+    for uid in list(cache.assumed):
+        cache.forget(uid)  # start from no reservations, with b known to the manager
+    answer = mgr.filter(a[0], [f"n{i}" for i in range(8)])
+    assert answer is not None and answer.passed
+    plan_a = {mgr.gangs["wl:default/a"].plan[m.uid].node for m in a}
+    plan_b = {mgr.gangs["wl:default/b"].plan[m.uid].node for m in b}
+    assert plan_b == {"n0", "n1", "n2", "n3"} and plan_a == {"n4", "n5", "n6", "n7"}
