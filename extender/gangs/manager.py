@@ -213,7 +213,8 @@ class GangManager:
 
     def _request(self, snapshot: ClusterSnapshot, entry: _Pending) -> GangRequest:
         state, spec = entry.state, entry.spec
-        need = max(0, spec.min_count - len(state.plan) - len(entry.bound))
+        # Members beyond a quorum that is already planned or bound join as they fit (at least one).
+        need = max(1, spec.min_count - len(state.plan) - len(entry.bound))
         for p in entry.pending:
             entry.groups[(p.requests, p.demand, p.placement)].append(p)
         anchor = self._anchor(snapshot, spec, [p.node for p in entry.bound] + [r.node for r in state.plan.values()])

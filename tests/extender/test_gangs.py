@@ -313,3 +313,14 @@ def test_gangs_with_quorum_are_planned_together_so_a_constrained_one_is_not_star
     plan_a = {mgr.gangs["wl:default/a"].plan[m.uid].node for m in a}
     plan_b = {mgr.gangs["wl:default/b"].plan[m.uid].node for m in b}
     assert plan_b == {"n0", "n1", "n2", "n3"} and plan_a == {"n4", "n5", "n6", "n7"}
+
+
+def test_members_beyond_a_bound_quorum_join_as_far_as_they_fit() -> None:
+    mgr, cache, _ = manager_with(5, workload("elastic", 7, min_count=4))
+    names = [f"n{i}" for i in range(5)]
+    first = add(cache, *(member(f"e{i}", "elastic") for i in range(4)))
+    assert mgr.filter(first[0], names).passed  # type: ignore[union-attr]
+    assert len(mgr.gangs["wl:default/elastic"].plan) == 4
+    late = add(cache, *(member(f"e{i}", "elastic") for i in range(4, 7)))
+    answers = [mgr.filter(m, names) for m in late]
+    assert sum(1 for a in answers if a is not None and a.passed) == 1  # one node left: one more joins
