@@ -327,31 +327,30 @@ class GangManager:
                 return f"member planned on {state.plan[pod.uid].node}, not {node}"
             epoch = state.released
             state.arrived.add(pod.uid)
-            self.lock.notify_all()
+            if self._gate_open(state):
+                self.lock.notify_all()  # the last member: open the gate for everyone waiting
             give_up = min(state.deadline, time.monotonic() + self.bind_wait_cap_s)
             while True:
+                # O(1) per wake-up: a 512-member gang has 511 binds waiting here.
                 if state.released != epoch:
                     return state.reason or "gang reservation released"
-                gone = [uid for uid in state.plan if uid not in self.cache.pods]
-                if gone:
-                    self._release(state, f"{len(gone)} planned members were deleted")
-                    return state.reason
-                waiting = [uid for uid in state.plan if uid not in state.arrived and not self._bound(uid)]
-                if not waiting:
+                if self._gate_open(state):
                     state.phase = "Binding"
                     return ""
                 remaining = give_up - time.monotonic()
                 if remaining <= 0:
+                    missing = len(state.plan) - len(state.arrived)
                     if time.monotonic() >= state.deadline:
                         self._release(state, f"{GANG_TIMEOUT}: {len(state.arrived)}/{len(state.plan)} members arrived")
                         return state.reason
                     state.arrived.discard(pod.uid)  # kube-scheduler will retry this member
-                    return f"waiting for gang members at bind: {len(waiting)} of {len(state.plan)} missing"
+                    return f"waiting for gang members at bind: {missing} of {len(state.plan)} missing"
                 self.lock.wait(remaining)
 
-    def _bound(self, uid: str) -> bool:
-        pod = self.cache.pods.get(uid)
-        return pod is not None and bool(pod.node)
+    @staticmethod
+    def _gate_open(state: GangState) -> bool:
+        """Every planned member still unbound has reached bind (bound ones leave the plan)."""
+        return len(state.arrived) >= len(state.plan)
 
     def bound(self, pod: PodInfo) -> None:
         """A member's binding succeeded: once all are bound, the gang is Scheduled."""
@@ -392,10 +391,14 @@ class GangManager:
                     self._release(state, "extender shutting down")
 
     def sweep(self) -> None:
-        """Release reservations past their deadline even if no member comes back to ask."""
+        """Release reservations past their deadline even if no member comes back to ask, and
+        those of gangs that lost a planned member (deleted: the gate could never close)."""
         with self.lock:
             for state in list(self.gangs.values()):
                 self._expire(state)
+                gone = [uid for uid in state.plan if uid not in self.cache.pods]
+                if gone:
+                    self._release(state, f"{len(gone)} planned members were deleted")
 
     def describe(self) -> list[dict[str, Any]]:
         with self.lock:
