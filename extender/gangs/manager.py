@@ -75,6 +75,7 @@ class GangState:
     solve_ms: float = 0.0
     summary: str = ""
     plans: int = 0  # plans made so far, written on members to wake them
+    failed_attempt: tuple[int, int] = (-1, -1)  # (cache generation, members) of the last plan that failed
 
 
 @dataclass
@@ -163,8 +164,13 @@ class GangManager:
         if have < spec.min_count:
             state.reason = f"{WAITING_QUORUM} {have}/{spec.min_count}"
             return FilterAnswer([], dict.fromkeys(names, state.reason))
-        if pending:
+        # A gang that did not fit is solved again only once the cluster or its members changed:
+        # kube-scheduler retries each of its members, and each retry must stay cheap.
+        attempt = (self.cache.generation, len(pods))
+        if pending and attempt != state.failed_attempt:
             self._plan(state, spec, pending, bound)
+            if pod.uid not in state.plan:
+                state.failed_attempt = (self.cache.generation, len(pods))
         reservation = state.plan.get(pod.uid)
         if reservation is None:
             return FilterAnswer([], dict.fromkeys(names, state.reason or NO_RESERVATION))
