@@ -128,7 +128,11 @@ class Cache:
         self.pods[pod.uid] = pod
         if pod.node and pod.uid in self.assumed:
             node, devices = self.assumed.pop(pod.uid)
-            if pod.devices is None and node == pod.node:
+            if node != pod.node:
+                # Bound elsewhere than assumed: the assumed node must not keep counting it.
+                self.on_node.get(node, set()).discard(pod.uid)
+                self._touch(node)
+            elif pod.devices is None:
                 self.pods[pod.uid] = pod = replace(pod, devices=devices)
         self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
         for listener in self.pod_listeners:

@@ -75,7 +75,8 @@ class GangState:
     solve_ms: float = 0.0
     summary: str = ""
     plans: int = 0  # plans made so far, written on members to wake them
-    failed_attempt: tuple[int, int] = (-1, -1)  # (cache generation, members) of the last plan that failed
+    failed_attempt: tuple[int, int] = (-1, -1)  # (cache generation, members) of the last failed plan
+    bound_uids: set[str] = field(default_factory=set)  # members this process bound
 
 
 @dataclass
@@ -158,8 +159,9 @@ class GangManager:
 
     def _plan_and_answer(self, state: GangState, spec: GangSpec, pod: PodInfo, names: list[str]) -> FilterAnswer:
         pods = self._member_pods(state.key)
-        bound = [p for p in pods if p.node]
-        pending = [p for p in pods if not p.node and p.uid not in state.plan]
+        # Bound by us but not yet shown bound by the watch: not pending (never plan twice).
+        bound = [p for p in pods if p.node or p.uid in state.bound_uids]
+        pending = [p for p in pods if not p.node and p.uid not in state.plan and p.uid not in state.bound_uids]
         have = len(pods)
         if have < spec.min_count:
             state.reason = f"{WAITING_QUORUM} {have}/{spec.min_count}"
@@ -240,12 +242,17 @@ class GangManager:
         by_group = {_group_name(i, len(entry.groups)): ms for i, ms in enumerate(entry.groups.values())}
         taken: dict[str, int] = defaultdict(int)
         state.plans += 1
-        for a in sorted(gang.assignments, key=lambda a: a.rank):
-            member = by_group[a.group][taken[a.group]]
-            taken[a.group] += 1
-            state.plan[member.uid] = Reservation(a.node, a.devices)
-            self.cache.assume(member.uid, a.node, a.devices)
-            self.nudge(member.namespace, member.name, f"{state.plans}:{a.node}")
+        with self.cache.lock:  # members deleted while solving get no reservation
+            for a in sorted(gang.assignments, key=lambda a: a.rank):
+                member = by_group[a.group][taken[a.group]]
+                taken[a.group] += 1
+                state.plan[member.uid] = Reservation(a.node, a.devices)
+                if member.uid in self.cache.pods:
+                    self.cache.assume(member.uid, a.node, a.devices)
+        for uid, reservation in state.plan.items():
+            planned = self.cache.pods.get(uid)
+            if planned is not None:
+                self.nudge(planned.namespace, planned.name, f"{state.plans}:{reservation.node}")
         state.deadline = time.monotonic() + spec.timeout_s
         state.reason = ""
         state.phase = "Planned"
@@ -367,6 +374,7 @@ class GangManager:
                 return
             state.arrived.discard(pod.uid)
             del state.plan[pod.uid]
+            state.bound_uids.add(pod.uid)
             if not state.plan and state.spec is not None:
                 state.phase = "Scheduled"
                 state.deadline = 0.0
@@ -405,6 +413,10 @@ class GangManager:
                 gone = [uid for uid in state.plan if uid not in self.cache.pods]
                 if gone:
                     self._release(state, f"{len(gone)} planned members were deleted")
+            with self.cache.lock:
+                finished = [k for k, st in self.gangs.items() if not st.plan and not self.members.get(k)]
+            for key in finished:  # every member gone: forget the gang
+                del self.gangs[key]
 
     def describe(self) -> list[dict[str, Any]]:
         with self.lock:

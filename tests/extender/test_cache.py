@@ -96,3 +96,12 @@ def test_new_topology_levels_re_derive_paths() -> None:
     cache = cache_with(node("n0"))
     cache.configure(("topology.phalanx.io/rack",), 81920)
     assert cache.node_model("n0").topology == ("b0-r0",)  # type: ignore[union-attr]
+
+
+def test_a_pod_bound_elsewhere_than_assumed_stops_counting_on_the_assumed_node() -> None:
+    cache = cache_with(node("n0", gpus=1), node("n1", gpus=1))
+    cache.pod_event("ADDED", pod("p", gpus=1))
+    cache.assume("uid-p", "n0", (DeviceAssignment(0, 1000, 81920),))
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n1", phase="Running"))
+    assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
+    assert cache.node_model("n1").idle_gpus == 0  # type: ignore[union-attr]
