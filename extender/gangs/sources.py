@@ -19,7 +19,7 @@ which gang it belongs to and that gang's spec, or why the definition is not usab
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from solver.model import Slice, TopologyRequest
@@ -109,23 +109,8 @@ def resolve(
     if res.spec is not None and not res.spec.topology.any:
         kai = TopologyRequest(required=annotations.get(KAI_REQUIRED, ""), preferred=annotations.get(KAI_PREFERRED, ""))
         if kai.any:
-            res = Resolution(res.key, _with_topology(res.spec, kai), res.reason)
+            res = Resolution(res.key, replace(res.spec, topology=kai), res.reason)
     return res
-
-
-def _with_topology(spec: GangSpec, topology: TopologyRequest) -> GangSpec:
-    return GangSpec(
-        spec.key,
-        spec.namespace,
-        spec.source,
-        spec.owner,
-        spec.min_count,
-        spec.count,
-        spec.timeout_s,
-        topology,
-        spec.priority,
-        spec.enabled,
-    )
 
 
 def _owner(obj: JSON, api_version: str, kind: str) -> JSON:
