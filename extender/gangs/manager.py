@@ -115,6 +115,7 @@ class GangManager:
         self.bind_wait_cap_s = bind_wait_cap_s
         self.members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
         self.gangs: dict[str, GangState] = {}
+        self._last_retry = 0.0
         self.lock = threading.Condition(threading.RLock())
         cache.pod_listeners.append(self._pod_changed)
 
@@ -168,11 +169,8 @@ class GangManager:
             return FilterAnswer([], dict.fromkeys(names, state.reason))
         # A gang that did not fit is solved again only once the cluster or its members changed:
         # kube-scheduler retries each of its members, and each retry must stay cheap.
-        attempt = (self.cache.generation, len(pods))
-        if pending and attempt != state.failed_attempt:
+        if pending and (self.cache.generation, len(pods)) != state.failed_attempt:
             self._plan(state, spec, pending, bound)
-            if pod.uid not in state.plan:
-                state.failed_attempt = (self.cache.generation, len(pods))
         reservation = state.plan.get(pod.uid)
         if reservation is None:
             return FilterAnswer([], dict.fromkeys(names, state.reason or NO_RESERVATION))
@@ -199,7 +197,10 @@ class GangManager:
             entry.state.solve_ms = elapsed_ms
             if gang.outcome is Outcome.PLACED:
                 self._reserve(entry, gang, snapshot, result.status.value)
-            elif entry.state.reason != gang.explanation:
+                continue
+            members = len(entry.pending) + len(entry.bound) + len(entry.state.plan)
+            entry.state.failed_attempt = (snapshot.generation, members)
+            if entry.state.reason != gang.explanation:
                 entry.state.reason = gang.explanation
                 entry.state.phase = "Pending"
                 self.notify(entry.spec, "Unschedulable", gang.explanation, "Warning")
@@ -413,10 +414,35 @@ class GangManager:
                 gone = [uid for uid in state.plan if uid not in self.cache.pods]
                 if gone:
                     self._release(state, f"{len(gone)} planned members were deleted")
+            self._retry_failed()
             with self.cache.lock:
                 finished = [k for k, st in self.gangs.items() if not st.plan and not self.members.get(k)]
             for key in finished:  # every member gone: forget the gang
                 del self.gangs[key]
+
+    def _retry_failed(self, every_s: float = 2.0) -> None:
+        """Plan again, in the background, gangs that did not fit when the cluster has changed
+        since. kube-scheduler only retries a parked member on an event it links to the
+        rejection; capacity our own cache frees a moment later (a watch lags the API) may come
+        with no such event. A plan found here wakes the members through their annotation."""
+        now = time.monotonic()
+        if now - self._last_retry < every_s:
+            return
+        self._last_retry = now
+        generation = self.cache.generation
+        waiting = [
+            st
+            for st in self.gangs.values()
+            if not st.plan and st.spec is not None and st.spec.enabled and st.failed_attempt[0] not in (-1, generation)
+        ]
+        waiting.sort(key=lambda st: (-st.spec.priority if st.spec else 0, st.key))
+        for state in waiting[:1]:  # one solve per round: it plans every other waiting gang too
+            assert state.spec is not None
+            pods = self._member_pods(state.key)
+            bound = [p for p in pods if p.node or p.uid in state.bound_uids]
+            pending = [p for p in pods if not p.node and p.uid not in state.bound_uids]
+            if pending and len(pods) >= state.spec.min_count:
+                self._plan(state, state.spec, pending, bound)
 
     def describe(self) -> list[dict[str, Any]]:
         with self.lock:
