@@ -324,3 +324,18 @@ def test_members_beyond_a_bound_quorum_join_as_far_as_they_fit() -> None:
     late = add(cache, *(member(f"e{i}", "elastic") for i in range(4, 7)))
     answers = [mgr.filter(m, names) for m in late]
     assert sum(1 for a in answers if a is not None and a.passed) == 1  # one node left: one more joins
+
+
+def test_a_gang_that_did_not_fit_is_planned_in_the_background_once_capacity_frees() -> None:
+    mgr, cache, rec = manager_with(4, workload("g", 4))
+    blocker = pod("blocker", gpus=8, node_name="n0", phase="Running")
+    cache.pod_event("ADDED", blocker)
+    members = add(cache, *(member(f"g{i}", "g") for i in range(4)))
+    answer = mgr.filter(members[0], [f"n{i}" for i in range(4)])
+    assert answer is not None and answer.passed == []
+    rec.nudged.clear()
+    cache.pod_event("DELETED", blocker)  # freed with no event kube-scheduler would link to the gang
+    mgr._last_retry = 0.0
+    mgr.sweep()
+    assert len(mgr.gangs["wl:default/g"].plan) == 4
+    assert sorted(rec.nudged) == ["g0", "g1", "g2", "g3"]
