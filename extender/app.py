@@ -93,7 +93,7 @@ class Extender:
             },
             metrics=self.metrics,
             ready=self.ready,
-            reads={"/api/v1/gangs": self._read_gangs},
+            reads={"/api/v1/gangs": self._read_gangs, "/api/v1/nodes": self._read_nodes},
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -128,6 +128,40 @@ class Extender:
         if not matching:
             return 404, {"error": f"no gang {prefix}"}
         return 200, {"gangs": matching}
+
+    def _read_nodes(self, rest: str) -> tuple[int, Any]:
+        """GET /api/v1/nodes/{name}: the cache's view of one node (what the solver sees)."""
+        name = rest.strip("/")
+        model = self.cache.node_model(name)
+        if model is None:
+            return 404, {"error": f"no node {name!r} in the cache"}
+        with self.cache.lock:
+            uids = sorted(self.cache.on_node.get(name, set()))
+            counted = [
+                {
+                    "pod": self.cache.pods[u].key if u in self.cache.pods else None,
+                    "uid": u,
+                    "assumed": u in self.cache.assumed,
+                }
+                for u in uids
+                if u in self.cache.pods or u in self.cache.assumed
+            ]
+        free = model.free
+        return 200, {
+            "name": name,
+            "topology": list(model.topology),
+            "free": {"cpuMilli": free.cpu_milli, "memoryMiB": free.memory_mib, "pods": free.pods},
+            "gpus": [
+                {
+                    "index": d.index,
+                    "freeMilli": d.free_milli,
+                    "freeMemoryMiB": d.free_memory_mib,
+                    "mig": {s.profile: s.free for s in d.mig},
+                }
+                for d in model.gpus
+            ],
+            "pods": counted,
+        }
 
     def _sweep(self) -> None:
         while not self._stopping.wait(1.0):

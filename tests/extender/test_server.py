@@ -159,3 +159,13 @@ def test_health_readiness_and_metrics(ext: tuple[Extender, FakeKube]) -> None:
     assert status == 200 and 'phalanx_extender_request_seconds_count{verb="filter"}' in text
     extender.reflectors[0].listed.clear()
     assert call(extender, "/readyz")[0] == 503
+
+
+def test_node_read_api_shows_what_the_solver_sees(ext: tuple[Extender, FakeKube]) -> None:
+    extender, _ = ext
+    extender.cache.pod_event("ADDED", pod("busy", gpus=1, node_name="n0", phase="Running"))
+    status, body = call(extender, "/api/v1/nodes/n0")
+    assert status == 200
+    assert [g["freeMilli"] for g in body["gpus"]] == [0, 1000]
+    assert body["pods"] == [{"pod": "default/busy", "uid": "uid-busy", "assumed": False}]
+    assert call(extender, "/api/v1/nodes/ghost")[0] == 404
