@@ -140,7 +140,12 @@ class Cache:
 
     def _drop_pod(self, uid: str) -> None:
         pod = self.pods.pop(uid, None)
-        self.assumed.pop(uid, None)
+        assumed = self.assumed.pop(uid, None)
+        if assumed is not None and (pod is None or pod.node != assumed[0]):
+            # A reserved (assumed, not yet bound) pod was deleted: its node's model must be
+            # rebuilt, or the reservation would stay counted there for good.
+            self.on_node.get(assumed[0], set()).discard(uid)
+            self._touch(assumed[0])
         if pod is not None:
             self._place(uid, pod.node, "")
             for listener in self.pod_listeners:

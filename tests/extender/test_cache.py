@@ -105,3 +105,13 @@ def test_a_pod_bound_elsewhere_than_assumed_stops_counting_on_the_assumed_node()
     cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n1", phase="Running"))
     assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
     assert cache.node_model("n1").idle_gpus == 0  # type: ignore[union-attr]
+
+
+def test_deleting_a_reserved_pod_frees_its_node_at_once() -> None:
+    """Regression: the assumed node's model was cached by version and kept the reservation."""
+    cache = cache_with(node("n0", gpus=1))
+    cache.pod_event("ADDED", pod("p", gpus=1))
+    cache.assume("uid-p", "n0", (DeviceAssignment(0, 1000, 81920),))
+    assert cache.node_model("n0").idle_gpus == 0  # type: ignore[union-attr]
+    cache.pod_event("DELETED", pod("p", gpus=1))
+    assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
