@@ -77,6 +77,7 @@ class GangState:
     plans: int = 0  # plans made so far, written on members to wake them
     failed_attempt: tuple[int, int] = (-1, -1)  # (cache generation, members) of the last failed plan
     bound_uids: set[str] = field(default_factory=set)  # members this process bound
+    parked: set[str] = field(default_factory=set)  # members told "not yet": kube-scheduler parked them
 
 
 @dataclass
@@ -148,6 +149,7 @@ class GangManager:
             state = self.gangs.setdefault(key, GangState(key))
             if res.spec is None:
                 state.reason = res.reason
+                state.parked.add(pod.uid)
                 return FilterAnswer([], dict.fromkeys(names, res.reason))
             state.spec = res.spec
             self._expire(state)
@@ -166,6 +168,7 @@ class GangManager:
         have = len(pods)
         if have < spec.min_count:
             state.reason = f"{WAITING_QUORUM} {have}/{spec.min_count}"
+            state.parked.add(pod.uid)
             return FilterAnswer([], dict.fromkeys(names, state.reason))
         # A gang that did not fit is solved again only once the cluster or its members changed:
         # kube-scheduler retries each of its members, and each retry must stay cheap.
@@ -173,8 +176,10 @@ class GangManager:
             self._plan(state, spec, pending, bound)
         reservation = state.plan.get(pod.uid)
         if reservation is None:
+            state.parked.add(pod.uid)
             return FilterAnswer([], dict.fromkeys(names, state.reason or NO_RESERVATION))
         if reservation.node not in names:
+            state.parked.add(pod.uid)
             return FilterAnswer([], dict.fromkeys(names, f"planned node {reservation.node} is not a candidate"))
         return FilterAnswer([reservation.node], {})
 
@@ -250,10 +255,12 @@ class GangManager:
                 state.plan[member.uid] = Reservation(a.node, a.devices)
                 if member.uid in self.cache.pods:
                     self.cache.assume(member.uid, a.node, a.devices)
-        for uid, reservation in state.plan.items():
+        # Only members kube-scheduler has parked need waking; the others are still queued.
+        for uid in [u for u in state.parked if u in state.plan]:
             planned = self.cache.pods.get(uid)
             if planned is not None:
-                self.nudge(planned.namespace, planned.name, f"{state.plans}:{reservation.node}")
+                self.nudge(planned.namespace, planned.name, f"{state.plans}:{state.plan[uid].node}")
+        state.parked.difference_update(state.plan)
         state.deadline = time.monotonic() + spec.timeout_s
         state.reason = ""
         state.phase = "Planned"
@@ -320,7 +327,7 @@ class GangManager:
         if state.spec is not None:
             self.notify(state.spec, "Released", reason, "Warning")
         for pod in self._member_pods(state.key):
-            if not pod.node:
+            if not pod.node and pod.uid in state.parked:
                 self.nudge(pod.namespace, pod.name, f"{state.plans}:released")
         log.info("gang reservation released", gang=state.key, reason=reason)
         self.lock.notify_all()

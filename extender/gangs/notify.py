@@ -36,8 +36,12 @@ class Notifier:
         self.binder = binder
         self.queue: queue.Queue[tuple[GangSpec, str, str, str]] = queue.Queue(maxsize=10_000)
         self.nudges: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100_000)
-        self.nudger = threading.Thread(target=self._nudge_loop, name="gang-nudge", daemon=True)
-        self.nudger.start()
+        # Several writers: a 512-member gang is woken in well under a second, not one by one.
+        self.nudgers = [
+            threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(8)
+        ]
+        for t in self.nudgers:
+            t.start()
         self.thread = threading.Thread(target=self._run, name="gang-notify", daemon=True)
         self.thread.start()
 
