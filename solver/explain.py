@@ -78,9 +78,10 @@ def _topology_reason(topo: TopologyIndex, gp: GangProblem, caps: GroupCaps) -> s
     for level, size in gp.slices:
         total = sum(dcaps.get(d, 0) for d in topo.levels_of[level])
         if total < need:
+            name = level_name(topo.levels[level])
             return (
                 f"{SLICES_DO_NOT_FIT}: needs {need // size} slices of {size} pods, each within one "
-                f"{level_name(topo.levels[level])}; the {level_name(topo.levels[level])}s hold {total // size} such slices"
+                f"{name}; the {name}s hold {total // size} such slices"
             )
     level = gp.required_level
     if level < 0:
