@@ -10,7 +10,7 @@ Per gang, in priority order:
 2. Descend: if one child holds what is left, take the tightest such child; otherwise take
    the largest child and repeat. Capacities are counted in whole slices when slices apply.
 3. Inside a unit, nodes go largest capacity first, the last one tightest-fit; equal
-   capacities go fuller node first (CompactFirst) and then higher preference.
+   capacities go in node order (deterministic).
 A gang that does not fit in full tries its quorum (minCount); otherwise it is rolled back.
 """
 

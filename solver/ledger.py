@@ -8,7 +8,7 @@ whole if any member does not fit, so a solve never leaves a gang half-placed.
 from __future__ import annotations
 
 from solver.capacity import NodeState, clone_state
-from solver.model import FULL_SHARE, ClusterSnapshot, DeviceAssignment, PodShape
+from solver.model import ClusterSnapshot, DeviceAssignment, PodShape
 
 
 class Ledger:
@@ -22,17 +22,6 @@ class Ledger:
         """Pods of `shape` that still fit; `prepared` is the snapshot-time answer."""
         state = self.states.get(node)
         return prepared if state is None else min(prepared, state.capacity(shape))
-
-    def fullness(self, node: int) -> tuple[int, int]:
-        """Sort key that puts fuller nodes first: (idle GPUs, free share)."""
-        state = self.states.get(node)
-        if state is not None:
-            return state.idle_gpus(), state.free_share()
-        gpus = self.nodes[node].gpus
-        return (
-            sum(1 for d in gpus if d.is_idle),
-            sum(d.free_milli for d in gpus if not d.is_mig),
-        )
 
     def take(self, node: int, shape: PodShape) -> tuple[DeviceAssignment, ...] | None:
         state = self.states.get(node)
@@ -56,7 +45,3 @@ class Ledger:
             else:
                 self.states[node] = saved
         self._saved = None
-
-
-def is_whole(devices: tuple[DeviceAssignment, ...]) -> bool:
-    return all(d.milli == FULL_SHARE and not d.mig_profile for d in devices)

@@ -129,12 +129,6 @@ class ClusterSnapshot:
     levels: tuple[str, ...] = ()
     generation: int = 0
 
-    def level_index(self, level: str) -> int:
-        try:
-            return self.levels.index(level)
-        except ValueError:
-            raise ValueError(f"unknown topology level {level!r}; levels are {self.levels}") from None
-
 
 class GpuKind(enum.Enum):
     NONE = "none"

@@ -457,12 +457,6 @@ class GangManager:
                 keys = sorted(set(self.gangs) | {k for k, v in self.members.items() if v})
             return [self._describe(k) for k in keys]
 
-    def describe_one(self, key: str) -> dict[str, Any] | None:
-        with self.lock:
-            if key not in self.gangs and not self.members.get(key):
-                return None
-            return self._describe(key)
-
     def _describe(self, key: str) -> dict[str, Any]:
         state = self.gangs.get(key) or GangState(key)
         pods = self._member_pods(key)
