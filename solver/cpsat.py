@@ -107,7 +107,7 @@ class TopologyFamily:
                     continue
                 used = m.new_bool_var(f"{gp.request.name}/used/{topo.domains[d].label}")
                 gv.used[d] = used
-                m.add(gv.pods_in(_units_under(topo, d)) <= min(cap, gp.request.count) * used)
+                m.add(gv.pods_in(_units(topo, d)) <= min(cap, gp.request.count) * used)
         required = topo.above - 1 if one_host else gp.required_level
         if 0 <= required < topo.above:
             m.add(sum(gv.used[d] for d in topo.levels_of[required] if d in gv.used) <= 1)
@@ -123,10 +123,10 @@ class TopologyFamily:
             for d in topo.levels_of[level]:
                 cap = totals.get(d, 0)
                 if cap < size:
-                    m.add(gv.pods_in(_units_under(topo, d)) == 0)
+                    m.add(gv.pods_in(_units(topo, d)) == 0)
                     continue
                 t = m.new_int_var(0, cap // size, f"{gp.request.name}/slices/{topo.domains[d].label}")
-                m.add(gv.pods_in(_units_under(topo, d)) == size * t)
+                m.add(gv.pods_in(_units(topo, d)) == size * t)
 
 
 class HostFamily:
@@ -198,7 +198,6 @@ class DomainModel:
         self.model = cp_model.CpModel()
         self.gangs: list[GangVars] = []
         self.weights: dict[int, dict[int, int]] = {}  # gang -> level -> weight
-        self.member_weight: dict[int, int] = {}
         self.member_terms: LinearTerms = []
         self.compact_terms: LinearTerms = []
 
@@ -243,7 +242,6 @@ class DomainModel:
         by_priority = member_weights(self.gangs, 1)
         for gv in self.gangs:
             w = by_priority[gv.gang.request.priority]
-            self.member_weight[gv.gang.index] = w
             self.member_terms.extend((w, var) for var in gv.members)
 
     def hint(self, placed: dict[int, list[Member]]) -> None:
@@ -349,14 +347,9 @@ def _total_caps(gv: GangVars) -> dict[int, int]:
     return totals
 
 
-def _units_under(topo: TopologyIndex, d: int) -> list[int]:
-    domain = topo.domains[d]
-    if domain.level == topo.above - 1:
-        return [d]
-    out: list[int] = []
-    for c in domain.children:
-        out.extend(_units_under(topo, c))
-    return out
+def _units(topo: TopologyIndex, d: int) -> list[int]:
+    """The units (leaf domains) under domain d."""
+    return domains_at(topo, [d], topo.above - 1)
 
 
 def _under(topo: TopologyIndex, unit: int, d: int) -> bool:
