@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from extender import logs
+from extender import logs, pools
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
@@ -26,9 +26,11 @@ from extender.gangs.notify import Notifier
 from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WORKLOAD, GangObjects
 from extender.kube import Kube
 from extender.metrics import Metrics
+from extender.pools import Hardware
 from extender.server import Server
 from extender.verbs import Verbs
 from extender.watch import Reflector
+from solver.model import Node
 
 log = structlog.get_logger("phalanx.app")
 
@@ -47,7 +49,7 @@ class Extender:
         self.options = options
         self.config = self._initial_config()
         self.metrics = Metrics()
-        self.cache = Cache(self.config.topology.levels, self.config.gpu.default_memory_mib)
+        self.cache = Cache(self.config.topology.levels, Hardware(self.config.gpu))
         self.binder = Binder(kube)
         self.gang_objects = GangObjects()
         notifier = Notifier(self.binder)
@@ -93,7 +95,11 @@ class Extender:
             },
             metrics=self.metrics,
             ready=self.ready,
-            reads={"/api/v1/gangs": self._read_gangs, "/api/v1/nodes": self._read_nodes},
+            reads={
+                "/api/v1/gangs": self._read_gangs,
+                "/api/v1/nodes": self._read_nodes,
+                "/api/v1/pools": self._read_pools,
+            },
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -128,6 +134,23 @@ class Extender:
         if not matching:
             return 404, {"error": f"no gang {prefix}"}
         return 200, {"gangs": matching}
+
+    def _read_pools(self, rest: str) -> tuple[int, Any]:
+        """GET /api/v1/pools and /api/v1/pools/{name}: capacity per GPU pool (TFLOPs physical,
+        virtual with oversubscription, allocated and available; VRAM likewise). Nodes in no
+        pool are summed under the name "-"."""
+        hardware = self.cache.hardware
+        members: dict[str, list[Node]] = {p.name: [] for p in hardware.pools}
+        members["-"] = []
+        for node in self.cache.snapshot().nodes:
+            pool = hardware.pool_of(node.name, dict(node.labels))
+            members[pool.name if pool is not None else "-"].append(node)
+        out = [pools.summary(hardware.by_name.get(name), name, nodes) for name, nodes in members.items()]
+        wanted = rest.strip("/")
+        if not wanted:
+            return 200, {"pools": out}
+        found = [p for p in out if p["name"] == wanted]
+        return (200, found[0]) if found else (404, {"error": f"no GPU pool {wanted!r}"})
 
     def _read_nodes(self, rest: str) -> tuple[int, Any]:
         """GET /api/v1/nodes/{name}: the cache's view of one node (what the solver sees)."""
@@ -235,7 +258,7 @@ class Extender:
     def apply(self, config: PhalanxConfig) -> None:
         self.config = config
         self.verbs.config = config
-        self.cache.configure(config.topology.levels, config.gpu.default_memory_mib)
+        self.cache.configure(config.topology.levels, Hardware(config.gpu))
         logs.configure(config.server.log_level)
 
 

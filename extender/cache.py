@@ -19,15 +19,14 @@ from dataclasses import replace
 
 import structlog
 
+from extender.config import GpuConfig
 from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info
-from solver.capacity import NodeState
+from extender.pools import Hardware
+from solver.capacity import DeviceState, NodeState
 from solver.model import (
-    FULL_SHARE,
     ClusterSnapshot,
     DeviceAssignment,
-    GpuDevice,
     GpuKind,
-    MigSlice,
     Node,
     NodeName,
     PodShape,
@@ -38,10 +37,10 @@ log = structlog.get_logger("phalanx.cache")
 
 
 class Cache:
-    def __init__(self, levels: tuple[str, ...], default_gpu_memory_mib: int = 81920) -> None:
+    def __init__(self, levels: tuple[str, ...], hardware: Hardware | None = None) -> None:
         self.lock = threading.RLock()
         self.levels = levels
-        self.default_gpu_memory_mib = default_gpu_memory_mib
+        self.hardware = hardware if hardware is not None else Hardware(GpuConfig())
         self.generation = 0
         self.nodes: dict[str, NodeInfo] = {}
         self.raw_nodes: dict[str, JSON] = {}  # kept to re-derive paths when levels change
@@ -57,6 +56,7 @@ class Cache:
         # Called under the lock with (old, new) on every pod change; None for absent.
         self.pod_listeners: list[Callable[[PodInfo | None, PodInfo | None], None]] = []
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
+        self._models_seen: set[str] = set()
 
     # ------------------------------------------------------------------ events
 
@@ -75,17 +75,17 @@ class Cache:
             else:
                 self._set_raw_node(obj)
 
-    def configure(self, levels: tuple[str, ...], default_gpu_memory_mib: int) -> None:
-        """New topology levels or GPU defaults: re-derive every node from its object."""
+    def configure(self, levels: tuple[str, ...], hardware: Hardware) -> None:
+        """New topology levels, GPU ratings or pools: re-derive every node from its object."""
         with self.lock:
-            if (levels, default_gpu_memory_mib) == (self.levels, self.default_gpu_memory_mib):
+            if (levels, hardware) == (self.levels, self.hardware):
                 return
-            self.levels, self.default_gpu_memory_mib = levels, default_gpu_memory_mib
+            self.levels, self.hardware = levels, hardware
             for obj in list(self.raw_nodes.values()):
                 self._set_raw_node(obj)
 
     def _set_raw_node(self, obj: JSON) -> None:
-        info = node_info(obj, self.levels, self.default_gpu_memory_mib)
+        info = node_info(obj, self.levels, self.hardware)
         self.raw_nodes[info.name] = obj
         self._set_node(info)
 
@@ -114,6 +114,7 @@ class Cache:
         if self.nodes.get(info.name) == info:
             return
         self.nodes[info.name] = info
+        self._models_seen.update(d.model for d in info.devices)
         self._touch(info.name)
 
     def _drop_node(self, name: str) -> None:
@@ -177,6 +178,11 @@ class Cache:
                 return None, self.epoch, len(self._changes)
             return self._changes[cursor:], epoch, len(self._changes)
 
+    def gpu_models(self) -> frozenset[str]:
+        """Every GPU model the cluster's nodes have shown (pool model filters resolve to these)."""
+        with self.lock:
+            return frozenset(self._models_seen)
+
     # ------------------------------------------------------------------ assume
 
     def assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
@@ -230,7 +236,7 @@ class Cache:
     def _build(self, info: NodeInfo, exclude: set[str] | frozenset[str] = frozenset()) -> Node:
         used_cpu = used_mem = used_pods = 0
         used_ext: dict[str, int] = {}
-        devices = {d.index: _MutableDevice(d) for d in info.devices}
+        devices = {d.index: DeviceState.of(d) for d in info.devices}
         unplaced: list[PodInfo] = []
         for uid in sorted(self.on_node.get(info.name, set()) - exclude):
             pod, assumed = self.pods.get(uid), self.assumed.get(uid)
@@ -279,48 +285,13 @@ def _same_placement(old: PodInfo, obj: JSON) -> bool:
     )
 
 
-class _MutableDevice:
-    __slots__ = ("base", "free_memory", "free_milli", "mig")
-
-    def __init__(self, device: GpuDevice) -> None:
-        self.base = device
-        self.free_milli = device.free_milli
-        self.free_memory = device.free_memory_mib
-        self.mig = {s.profile: s.free for s in device.mig}
-
-    def consume(self, d: DeviceAssignment) -> None:
-        if d.mig_profile:
-            self.mig[d.mig_profile] = self.mig.get(d.mig_profile, 0) - 1
-        elif d.milli >= FULL_SHARE:
-            self.free_milli, self.free_memory = 0, 0
-        else:
-            self.free_milli -= d.milli
-            self.free_memory -= d.memory_mib
-
-    def freeze(self) -> GpuDevice:
-        b = self.base
-        mig = tuple(MigSlice(p, max(0, n)) for p, n in self.mig.items())
-        return GpuDevice(b.index, b.model, b.memory_mib, max(0, self.free_milli), max(0, self.free_memory), mig)
-
-
 def _infer_devices(node: Node, pods: list[PodInfo]) -> Node:
     """GPU pods on the node without a device record take devices best-fit, oldest first."""
     state = NodeState(Node(node.name, node.allocatable, Resources(), gpus=node.gpus))
     for pod in sorted(pods, key=lambda p: (p.created, p.uid)):
         if state.take(PodShape(Resources(), pod.demand)) is None:
             log.warning("GPU pod does not fit its node's devices", pod=pod.key, node=node.name)
-    gpus = tuple(
-        GpuDevice(
-            d.index,
-            d.model,
-            d.memory_mib,
-            d.free_milli,
-            d.free_memory_mib,
-            tuple(MigSlice(p, n) for p, n in d.mig.items()),
-        )
-        for d in state.devices
-    )
-    return replace(node, gpus=gpus)
+    return replace(node, gpus=tuple(d.freeze() for d in state.devices))
 
 
 __all__ = ["Cache", "NodeName"]

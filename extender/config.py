@@ -53,6 +53,111 @@ class SolverConfig(_Strict):
     seed: int = Field(0, description="CP-SAT random seed: fixed so the same cluster gives the same plan.")
 
 
+class GpuModelConfig(_Strict):
+    match: str = Field(
+        min_length=1,
+        description="Case-insensitive substring of the node label nvidia.com/gpu.product this row is for; "
+        "the first matching row wins.",
+    )
+    tflops: float = Field(gt=0, description="Dense FP16 tensor TFLOPs of one device, the unit TFLOPs requests use.")
+
+
+DEFAULT_GPU_MODELS = (
+    # NVIDIA datasheets, dense FP16/BF16 tensor TFLOPs (sparsity not counted).
+    GpuModelConfig(match="H200", tflops=989),
+    GpuModelConfig(match="H100", tflops=989),
+    GpuModelConfig(match="H800", tflops=989),
+    GpuModelConfig(match="A100", tflops=312),
+    GpuModelConfig(match="A800", tflops=312),
+    GpuModelConfig(match="L40S", tflops=362),
+    GpuModelConfig(match="L40", tflops=181),
+    GpuModelConfig(match="A10", tflops=125),
+    GpuModelConfig(match="L4", tflops=121),
+    GpuModelConfig(match="V100", tflops=125),
+    GpuModelConfig(match="T4", tflops=65),
+)
+
+
+class Oversubscription(_Strict):
+    tflops_oversell_ratio: int = Field(
+        500,
+        alias="tflopsOversellRatio",
+        ge=100,
+        le=100000,
+        description="TFLOPs sold per physical TFLOPs, in percent (GPUPool semantics): 500 lets TFLOPs requests "
+        "add up to 5x a device's rating. Share, memory and whole-GPU requests are never oversold.",
+    )
+
+
+class CapacityConfig(_Strict):
+    oversubscription: Oversubscription = Oversubscription()
+
+
+class NodeSelector(_Strict):
+    node_selector_terms: tuple[dict[str, Any], ...] = Field(
+        alias="nodeSelectorTerms",
+        min_length=1,
+        description="Kubernetes node selector terms (ORed; matchExpressions and matchFields within a term ANDed).",
+    )
+
+
+class NodeManagerConfig(_Strict):
+    node_selector: NodeSelector = Field(alias="nodeSelector", description="Which nodes belong to the pool.")
+
+
+class QosDefinition(_Strict):
+    name: Literal["low", "medium", "high", "critical"]
+    priority: int = Field(description="Priority pods of this QoS get in gang planning (higher is placed first).")
+    description: str = ""
+
+
+class QosConfig(_Strict):
+    default_qos: Literal["low", "medium", "high", "critical"] = Field("medium", alias="defaultQoS")
+    definitions: tuple[QosDefinition, ...] = (
+        QosDefinition(name="low", priority=0),
+        QosDefinition(name="medium", priority=100),
+        QosDefinition(name="high", priority=200),
+        QosDefinition(name="critical", priority=300),
+    )
+
+
+class GpuFilter(_Strict):
+    type: Literal["model"] = Field(description="model: keep only GPUs whose model contains one of params.models.")
+    params: dict[str, tuple[str, ...]] = Field(description="For type model: {models: [...]} (substrings).")
+
+    @field_validator("params")
+    @classmethod
+    def _models(cls, v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+        if set(v) != {"models"} or not v["models"]:
+            raise ValueError("a model filter takes params {models: [<substring>, ...]}")
+        return v
+
+
+class Placement(_Strict):
+    mode: Literal["CompactFirst", "LowLoadFirst"] = Field(
+        "CompactFirst", description="Bin-pack (CompactFirst) or spread (LowLoadFirst), at node and GPU level."
+    )
+    gpu_filters: tuple[GpuFilter, ...] = Field((), alias="gpuFilters")
+
+
+class SchedulingConfig(_Strict):
+    placement: Placement = Placement()
+
+
+class PoolSpec(_Strict):
+    """The part of a GPUPool spec (tensor-fusion.ai/v1) Phalanx acts on, at the same paths."""
+
+    capacity_config: CapacityConfig = Field(CapacityConfig(), alias="capacityConfig")
+    node_manager_config: NodeManagerConfig = Field(alias="nodeManagerConfig")
+    qos_config: QosConfig = Field(QosConfig(), alias="qosConfig")
+    scheduling_config: SchedulingConfig = Field(SchedulingConfig(), alias="schedulingConfig")
+
+
+class PoolConfig(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pods pick the pool by this name.")
+    spec: PoolSpec
+
+
 class GpuConfig(_Strict):
     placement_mode: Literal["CompactFirst", "LowLoadFirst"] = Field(
         "CompactFirst",
@@ -66,6 +171,28 @@ class GpuConfig(_Strict):
         gt=0,
         description="GPU memory (MiB) assumed for nodes without the nvidia.com/gpu.memory label.",
     )
+    models: tuple[GpuModelConfig, ...] = Field(
+        DEFAULT_GPU_MODELS, description="TFLOPs rating per GPU model; TFLOPs requests fit only rated models."
+    )
+    pools: tuple[PoolConfig, ...] = Field(
+        (),
+        description="GPU pools: named node sets with their own placement mode, GPU model filter, TFLOPs "
+        "oversubscription and QoS priorities. A node belongs to the first pool whose selector matches.",
+    )
+    dynamic_mig_label: str = Field(
+        "phalanx.io/mig-mode=dynamic",
+        alias="dynamicMigLabel",
+        pattern=r"^[^=]+=[^=]*$",
+        description="Node label key=value marking nodes whose GPUs Phalanx partitions with MIG on demand.",
+    )
+
+    @field_validator("pools")
+    @classmethod
+    def _distinct_pools(cls, v: tuple[PoolConfig, ...]) -> tuple[PoolConfig, ...]:
+        names = [p.name for p in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names must be distinct, got {names}")
+        return v
 
 
 class ServerConfig(_Strict):

@@ -31,10 +31,10 @@ def _affinity(node_name: str, labels: dict[str, str], pod_spec: JSON) -> bool:
     terms = required.get("nodeSelectorTerms") or []
     if not terms:
         return True
-    return any(_term(node_name, labels, term) for term in terms)
+    return any(term_matches(node_name, labels, term) for term in terms)
 
 
-def _term(node_name: str, labels: dict[str, str], term: JSON) -> bool:
+def term_matches(node_name: str, labels: dict[str, str], term: JSON) -> bool:
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
     if not expressions and not fields:

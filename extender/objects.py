@@ -2,10 +2,14 @@
 
 Device assignment contract (what a node agent reads): the pod annotation
 `phalanx.io/gpu-devices` holds a JSON list with one entry per device the pod uses:
-`{"index": 3, "milli": 1000, "memoryMiB": 81920}` for a whole or shared GPU (milli = share in
-thousandths, memoryMiB = GPU memory granted on that device), or
-`{"index": 5, "mig": "1g.10gb"}` for a MIG slice. It is written before the pod is bound and
-is the record the cache rebuilds device usage from after a restart.
+- `{"index": 3, "milli": 1000, "memoryMiB": 81920}`: a whole or shared GPU (milli = share in
+  thousandths, memoryMiB = GPU memory granted on that device), plus `"tflops": 20.5` when the
+  pod asked for compute in TFLOPs;
+- `{"index": 5, "mig": "1g.10gb"}`: a slice of a static MIG partition;
+- `{"index": 2, "mig": "3g.40gb", "start": 4}`: a dynamic MIG slice the agent creates at that
+  memory-slice position (NVIDIA placement start) before the pod starts.
+It is written by the Binding itself (one API call with the node) and is the record the cache
+rebuilds device usage from after a restart.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import orjson
 
 from extender import quantity
 from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand
+from extender.pools import POOL_ANNOTATIONS, QOS_ANNOTATIONS, Hardware, annotation
 from solver.model import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
 
 DEVICES_ANNOTATION = "phalanx.io/gpu-devices"
@@ -60,7 +65,9 @@ class PodInfo:
     scheduler: str
     created: str
     scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (scheduling.k8s.io gangs)
-    placement: str = ""  # nodeSelector, required affinity and tolerations, as canonical JSON
+    placement: str = ""  # nodeSelector, required affinity, tolerations and GPU pool, as canonical JSON
+    pool: str = ""  # GPU pool the pod asks for ("" = none)
+    qos: str = ""  # QoS level within its pool
 
     @property
     def key(self) -> str:
@@ -85,7 +92,7 @@ def scalar(resources: dict[str, Any], *, pods: int) -> Resources:
     )
 
 
-def node_info(obj: JSON, levels: tuple[str, ...], default_gpu_memory_mib: int) -> NodeInfo:
+def node_info(obj: JSON, levels: tuple[str, ...], hardware: Hardware) -> NodeInfo:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     labels = meta.get("labels") or {}
     alloc = status.get("allocatable") or {}
@@ -96,23 +103,25 @@ def node_info(obj: JSON, levels: tuple[str, ...], default_gpu_memory_mib: int) -
         labels=labels,
         taints=taints,
         topology=tuple(labels.get(level, "") for level in levels),
-        devices=devices_of(alloc, labels, meta.get("annotations") or {}, default_gpu_memory_mib),
+        devices=devices_of(alloc, labels, meta.get("annotations") or {}, hardware, meta["name"]),
         unschedulable=bool(spec.get("unschedulable")),
     )
 
 
 def devices_of(
-    alloc: JSON, labels: dict[str, str], annotations: dict[str, str], default_mib: int
+    alloc: JSON, labels: dict[str, str], annotations: dict[str, str], hardware: Hardware, name: str = ""
 ) -> tuple[GpuDevice, ...]:
     """Whole GPUs take indices 0..n-1; MIG GPUs follow, from `phalanx.io/mig-layout` when the
-    node has it, else one device per advertised profile holding all its slices."""
+    node has it, else one device per advertised profile holding all its slices. Whole GPUs carry
+    their TFLOPs rating (times the node's pool oversubscription)."""
     model = labels.get(PRODUCT_LABEL, "unknown")
     try:
-        memory = int(labels.get(MEMORY_LABEL, default_mib))
+        memory = int(labels.get(MEMORY_LABEL, hardware.default_memory_mib))
     except ValueError:
-        memory = default_mib
+        memory = hardware.default_memory_mib
     whole = quantity.count(alloc.get(GPU, 0))
-    out = [GpuDevice(i, model, memory) for i in range(whole)]
+    tflops = hardware.tflops(model, hardware.pool_of(name, labels))
+    out = [GpuDevice(i, model, memory, tflops=tflops) for i in range(whole)]
     mig = {k[len(MIG_PREFIX) :]: quantity.count(v) for k, v in alloc.items() if k.startswith(MIG_PREFIX)}
     layout = _layout(annotations.get(MIG_LAYOUT_ANNOTATION))
     if layout:
@@ -139,6 +148,7 @@ def _layout(text: str | None) -> list[tuple[int, str, int]]:
 def pod_info(obj: JSON) -> PodInfo:
     meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
     annotations = meta.get("annotations") or {}
+    pool = annotation(annotations, POOL_ANNOTATIONS)
     error = ""
     try:
         resources = container_resources(obj)
@@ -161,12 +171,16 @@ def pod_info(obj: JSON) -> PodInfo:
         scheduler=spec.get("schedulerName", "default-scheduler"),
         created=meta.get("creationTimestamp", ""),
         scheduling_group=(spec.get("schedulingGroup") or {}).get("podGroupName") or "",
-        placement=_placement(spec),
+        placement=_placement(spec, pool),
+        pool=pool,
+        qos=annotation(annotations, QOS_ANNOTATIONS),
     )
 
 
-def _placement(spec: JSON) -> str:
+def _placement(spec: JSON, pool: str) -> str:
     relevant = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if spec.get(k)}
+    if pool:
+        relevant["gpuPool"] = pool
     return orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS).decode() if relevant else ""
 
 
@@ -189,22 +203,34 @@ def _with_init(pod: JSON, resources: dict[str, Any]) -> dict[str, Any]:
 def encode_devices(devices: tuple[DeviceAssignment, ...]) -> str:
     out: list[dict[str, Any]] = []
     for d in devices:
+        entry: dict[str, Any]
         if d.mig_profile:
-            out.append({"index": d.index, "mig": d.mig_profile})
+            entry = {"index": d.index, "mig": d.mig_profile}
+            if d.mig_start >= 0:
+                entry["start"] = d.mig_start
         else:
-            out.append({"index": d.index, "milli": d.milli, "memoryMiB": d.memory_mib})
+            entry = {"index": d.index, "milli": d.milli, "memoryMiB": d.memory_mib}
+            if d.tflops:
+                entry["tflops"] = d.tflops / 1000
+        out.append(entry)
     return json.dumps(out, separators=(",", ":"))
+
+
+def _device(e: dict[str, Any]) -> DeviceAssignment:
+    if "mig" in e:
+        return DeviceAssignment(int(e["index"]), 0, 0, str(e["mig"]), mig_start=int(e.get("start", -1)))
+    return DeviceAssignment(
+        int(e["index"]),
+        int(e.get("milli", 0)),
+        int(e.get("memoryMiB", 0)),
+        tflops=round(float(e.get("tflops", 0)) * 1000),
+    )
 
 
 def decode_devices(text: str | None) -> tuple[DeviceAssignment, ...] | None:
     if not text:
         return None
     try:
-        return tuple(
-            DeviceAssignment(int(e["index"]), 0, 0, str(e["mig"]))
-            if "mig" in e
-            else DeviceAssignment(int(e["index"]), int(e.get("milli", 0)), int(e.get("memoryMiB", 0)))
-            for e in json.loads(text)
-        )
+        return tuple(_device(e) for e in json.loads(text))
     except (ValueError, KeyError, TypeError):
         return None

@@ -25,6 +25,7 @@ from extender.gangs.manager import GangManager
 from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
+from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from solver import single
 from solver.capacity import NodeState
 from solver.model import GpuKind, PodShape
@@ -63,6 +64,14 @@ class _Memo:
             self.checked.discard(name)
             self.failed.pop(name, None)
             self.scores.pop(name, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    shape: PodShape
+    pool: Pool | None
+    mode: PlacementMode
+    error: str = ""
 
 
 class Verbs:
@@ -105,27 +114,43 @@ class Verbs:
             answer = self.gangs.filter(pod, names)
             if answer is not None:
                 return self._filter_reply(answer.passed, answer.failed, {}, pod, "gang")
-        if pod.demand.kind is GpuKind.NONE:
+        ask = self._ask(pod)
+        if ask.error:
+            return self._filter_reply([], {n: ask.error for n in names}, {}, pod, "unschedulable")
+        if pod.demand.kind is GpuKind.NONE and ask.pool is None:
             return self._filter_reply(names, {}, {}, pod, "passthrough")
-        shape = PodShape(pod.requests, pod.demand)
-        memo = self._memo_for(shape)
+        memo = self._memo_for(ask)
         with memo.lock:
             memo.sync(self.cache)
             for name in names:
                 if name not in memo.checked:
-                    self._check(memo, name, shape)
+                    self._check(memo, name, ask)
             failing = memo.failed
             passed = [n for n in names if n not in failing]
             failed = {n: failing[n] for n in names if n in failing} if len(passed) < len(names) else {}
         return self._filter_reply(passed, failed, {}, pod, "fits" if passed else "unschedulable")
 
-    def _check(self, memo: _Memo, name: str, shape: PodShape) -> None:
+    def _ask(self, pod: PodInfo) -> _Ask:
+        """The pod's shape as the solver sees it, with its GPU pool and placement mode."""
+        hardware = self.cache.hardware
+        mode = PlacementMode(self.config.gpu.placement_mode)
+        if not pod.pool:
+            return _Ask(PodShape(pod.requests, pod.demand), None, mode)
+        pool = hardware.by_name.get(pod.pool)
+        if pool is None:
+            return _Ask(PodShape(pod.requests, pod.demand), None, mode, f"{UNKNOWN_POOL}: {pod.pool!r}")
+        models = pool.models(self.cache.gpu_models())
+        return _Ask(PodShape(pod.requests, pod.demand, gpu_models=models), pool, pool.mode)
+
+    def _check(self, memo: _Memo, name: str, ask: _Ask) -> None:
         node = self.cache.node_model(name)
         memo.checked.add(name)
         if node is None:
             memo.failed[name] = NOT_IN_CACHE
-        elif not single.fits(node, shape):
-            memo.failed[name] = single.reason(node, shape)
+        elif ask.pool is not None and not ask.pool.contains(name, dict(node.labels)):
+            memo.failed[name] = f"{NOT_IN_POOL} {ask.pool.name}"
+        elif not single.fits(node, ask.shape):
+            memo.failed[name] = single.reason(node, ask.shape)
 
     def _filter_reply(
         self, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], pod: PodInfo, outcome: str
@@ -156,9 +181,11 @@ class Verbs:
         pod, names = self._pod(args), _node_names(args)
         if pod.error or pod.demand.kind is GpuKind.NONE:
             return []
-        shape = PodShape(pod.requests, pod.demand)
-        memo = self._memo_for(shape)
-        mode = PlacementMode(self.config.gpu.placement_mode)
+        ask = self._ask(pod)
+        if ask.error:
+            return []
+        memo = self._memo_for(ask)
+        shape, mode = ask.shape, ask.mode
         with memo.lock:
             memo.sync(self.cache)
             known = memo.scores
@@ -180,8 +207,9 @@ class Verbs:
             fragment = self._fragments[key] = orjson.Fragment(orjson.dumps({"Host": host, "Score": score}))
         return fragment
 
-    def _memo_for(self, shape: PodShape) -> _Memo:
-        key = (shape.requests, shape.gpu, self.config.gpu.placement_mode)
+    def _memo_for(self, ask: _Ask) -> _Memo:
+        pool = ask.pool.name if ask.pool is not None else ""
+        key = (ask.shape.requests, ask.shape.gpu, ask.shape.gpu_models, ask.mode, pool)
         with self._memo_lock:
             memo = self._memo.get(key)
             if memo is None:
@@ -240,12 +268,12 @@ class Verbs:
             model = self.cache.node_model(node)
             if model is None:
                 return None
-            shape = PodShape(pod.requests, pod.demand)
+            ask = self._ask(pod)
             if pod.demand.kind is GpuKind.NONE:
                 devices: tuple[Any, ...] | None = ()
             else:
-                spread = self.config.gpu.placement_mode == PlacementMode.LOW_LOAD_FIRST.value
-                devices = NodeState(model).take(shape, spread=spread)
+                spread = ask.mode is PlacementMode.LOW_LOAD_FIRST
+                devices = NodeState(model).take(ask.shape, spread=spread)
             if devices is not None:
                 self.cache.assume(pod.uid, node, devices)
             return devices
@@ -271,7 +299,7 @@ class Verbs:
             raise BadRequest("preempt: NodeNameToMetaVictims must be an object")
         if pod.demand.kind is GpuKind.NONE or pod.error:
             return {"NodeNameToMetaVictims": victims}
-        shape = PodShape(pod.requests, pod.demand)
+        shape = self._ask(pod).shape
         kept = {}
         for node, meta in victims.items():
             uids = {str(v.get("UID", "")) for v in (meta or {}).get("Pods") or []}

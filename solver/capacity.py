@@ -9,35 +9,85 @@ count per-device fits, MIG counts free slices of the profile.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
-from solver.model import FULL_SHARE, DeviceAssignment, GpuKind, Node, PodShape
+from solver.model import FULL_SHARE, DeviceAssignment, GpuDevice, GpuKind, MigSlice, Node, PodShape
 
 UNLIMITED = 1 << 30
 
 
 @dataclass(slots=True)
 class DeviceState:
+    """One device's free capacity, consumed step by step (solver phases, the extender cache)."""
+
     index: int
     model: str
     memory_mib: int
     free_milli: int
     free_memory_mib: int
     mig: dict[str, int]
+    tflops: int = 0
+    free_tflops: int = 0
+
+    @staticmethod
+    def of(d: GpuDevice) -> DeviceState:
+        return DeviceState(
+            d.index,
+            d.model,
+            d.memory_mib,
+            d.free_milli,
+            d.free_memory_mib,
+            {s.profile: s.free for s in d.mig},
+            d.tflops,
+            d.free_tflops,
+        )
+
+    def copy(self) -> DeviceState:
+        twin = copy.copy(self)
+        twin.mig = dict(self.mig)
+        return twin
+
+    def freeze(self) -> GpuDevice:
+        return GpuDevice(
+            self.index,
+            self.model,
+            self.memory_mib,
+            max(0, self.free_milli),
+            max(0, self.free_memory_mib),
+            tuple(MigSlice(p, max(0, n)) for p, n in self.mig.items()),
+            self.tflops,
+            max(0, self.free_tflops),
+        )
 
     @property
     def idle(self) -> bool:
-        return not self.mig and self.free_milli == FULL_SHARE and self.free_memory_mib == self.memory_mib
+        return (
+            not self.mig
+            and self.free_milli == FULL_SHARE
+            and self.free_memory_mib == self.memory_mib
+            and self.free_tflops == self.tflops
+        )
 
-    def share_fits(self, milli: int, memory_mib: int) -> int:
-        """How many (milli, memory) shares still fit on this device."""
-        if self.mig or (self.free_milli <= 0 and milli > 0):
+    def share_fits(self, milli: int, memory_mib: int, tflops: int = 0) -> int:
+        """How many (milli, memory, TFLOPs) shares still fit on this device."""
+        if self.mig or not (milli or memory_mib or tflops):
             return 0
         by_share = self.free_milli // milli if milli else UNLIMITED
         by_memory = self.free_memory_mib // memory_mib if memory_mib else UNLIMITED
-        if not milli and not memory_mib:
-            return 0
-        return max(0, min(by_share, by_memory))
+        by_tflops = self.free_tflops // tflops if tflops else UNLIMITED
+        return max(0, min(by_share, by_memory, by_tflops))
+
+    def consume(self, a: DeviceAssignment) -> None:
+        """Take what one assignment grants (no check: the caller decided it fits)."""
+        if a.mig_profile:
+            self.mig[a.mig_profile] = self.mig.get(a.mig_profile, 0) - 1
+        elif a.milli >= FULL_SHARE:  # whole, or a full share: nothing is left to share
+            self.free_milli, self.free_memory_mib, self.free_tflops = 0, 0, 0
+        else:
+            self.free_milli -= a.milli
+            self.free_memory_mib -= a.memory_mib
+            self.free_tflops -= a.tflops
 
 
 class NodeState:
@@ -52,17 +102,7 @@ class NodeState:
         self.memory = free.memory_mib
         self.pods = free.pods
         self.extended = dict(free.extended)
-        self.devices = [
-            DeviceState(
-                d.index,
-                d.model,
-                d.memory_mib,
-                d.free_milli,
-                d.free_memory_mib,
-                {s.profile: s.free for s in d.mig},
-            )
-            for d in node.gpus
-        ]
+        self.devices = [DeviceState.of(d) for d in node.gpus]
 
     def scalar_fit(self, shape: PodShape) -> int:
         req = shape.requests
@@ -94,7 +134,7 @@ class NodeState:
             return sum(1 for d in devices if d.idle) // demand.count
         if kind is GpuKind.MIG:
             return sum(d.mig.get(demand.mig_profile, 0) for d in devices) // demand.count
-        fits = [d.share_fits(demand.milli, demand.memory_mib) for d in devices]
+        fits = [d.share_fits(demand.milli, demand.memory_mib, demand.tflops) for d in devices]
         return _multi_device_fit(fits, demand.count)
 
     def capacity(self, shape: PodShape) -> int:
@@ -123,21 +163,22 @@ class NodeState:
         devices = self._devices_for(shape)
         if kind is GpuKind.WHOLE:
             chosen = [d for d in devices if d.idle][: demand.count]
-            for d in chosen:
-                d.free_milli, d.free_memory_mib = 0, 0
-            return tuple(DeviceAssignment(d.index, FULL_SHARE, d.memory_mib) for d in chosen)
+            whole = tuple(DeviceAssignment(d.index, FULL_SHARE, d.memory_mib) for d in chosen)
+            for d, a in zip(chosen, whole, strict=True):
+                d.consume(a)
+            return whole
         if kind is GpuKind.MIG:
             return self._pick_mig(devices, demand.mig_profile, demand.count)
-        fitting = [d for d in devices if d.share_fits(demand.milli, demand.memory_mib) > 0]
+        fitting = [d for d in devices if d.share_fits(demand.milli, demand.memory_mib, demand.tflops) > 0]
         # Best fit: fullest device first keeps idle devices whole for whole-GPU pods.
-        fitting.sort(key=lambda d: (d.idle, d.free_milli, d.free_memory_mib, d.index))
+        fitting.sort(key=lambda d: (d.idle, d.free_milli, d.free_memory_mib, d.free_tflops, d.index))
         if spread:
-            fitting.sort(key=lambda d: (-d.free_milli, -d.free_memory_mib, d.index))
+            fitting.sort(key=lambda d: (-d.free_milli, -d.free_memory_mib, -d.free_tflops, d.index))
         out = []
         for d in fitting[: demand.count]:
-            d.free_milli -= demand.milli
-            d.free_memory_mib -= demand.memory_mib
-            out.append(DeviceAssignment(d.index, demand.milli, demand.memory_mib))
+            a = DeviceAssignment(d.index, demand.milli, demand.memory_mib, tflops=demand.tflops)
+            d.consume(a)
+            out.append(a)
         return tuple(out)
 
     @staticmethod
@@ -183,7 +224,5 @@ def clone_state(state: NodeState) -> NodeState:
     twin = NodeState.__new__(NodeState)
     twin.name, twin.cpu, twin.memory, twin.pods = state.name, state.cpu, state.memory, state.pods
     twin.extended = dict(state.extended)
-    twin.devices = [
-        DeviceState(d.index, d.model, d.memory_mib, d.free_milli, d.free_memory_mib, dict(d.mig)) for d in state.devices
-    ]
+    twin.devices = [d.copy() for d in state.devices]
     return twin

@@ -374,6 +374,7 @@ def _unit_free(problem: Problem, u: int) -> dict[str, int]:
             else:
                 free["gpu:idle"] = free.get("gpu:idle", 0) + (1 if d.is_idle else 0)
                 free["gpu:milli"] = free.get("gpu:milli", 0) + d.free_milli
+                free["gpu:tflops"] = free.get("gpu:tflops", 0) + d.free_tflops
     return free
 
 
@@ -390,6 +391,8 @@ def _demand(shape: PodShape, dim: str) -> int:
         return gpu.count if kind is GpuKind.WHOLE else 0
     if dim == "gpu:milli":
         return gpu.count * gpu.milli if kind in (GpuKind.WHOLE, GpuKind.SHARE) else 0
+    if dim == "gpu:tflops":
+        return gpu.count * gpu.tflops if kind is GpuKind.SHARE else 0
     if dim.startswith("mig:"):
         return gpu.count if kind is GpuKind.MIG and dim == f"mig:{gpu.mig_profile}" else 0
     return req.get(dim)

@@ -2,7 +2,7 @@
 
 Everything here is immutable (frozen dataclasses, tuples) and buildable from plain values, so
 tests and benchmarks need no cluster. Units: CPU in milli-cores, memory in MiB, GPU share in
-milli-GPU (1000 = one whole device), GPU memory in MiB.
+milli-GPU (1000 = one whole device), GPU memory in MiB, GPU compute in milli-TFLOPs.
 
 GPUs are modelled as devices, never as a scalar resource: a whole-GPU request takes fully free
 devices, a share request takes part of one device's share and memory, a MIG request takes a
@@ -74,10 +74,16 @@ class GpuDevice:
     free_milli: int = FULL_SHARE
     free_memory_mib: int = -1  # -1: all of memory_mib
     mig: tuple[MigSlice, ...] = ()
+    # Compute in milli-TFLOPs, oversubscription included (pool `tflopsOversellRatio`); 0 when
+    # the model's TFLOPs are unknown: TFLOPs requests then do not fit this device.
+    tflops: int = 0
+    free_tflops: int = -1  # -1: all of tflops
 
     def __post_init__(self) -> None:
         if self.free_memory_mib < 0:
             object.__setattr__(self, "free_memory_mib", self.memory_mib)
+        if self.free_tflops < 0:
+            object.__setattr__(self, "free_tflops", self.tflops)
 
     @property
     def is_mig(self) -> bool:
@@ -86,7 +92,12 @@ class GpuDevice:
     @property
     def is_idle(self) -> bool:
         """No share and no memory taken: the device can go to a whole-GPU pod."""
-        return not self.mig and self.free_milli == FULL_SHARE and self.free_memory_mib == self.memory_mib
+        return (
+            not self.mig
+            and self.free_milli == FULL_SHARE
+            and self.free_memory_mib == self.memory_mib
+            and self.free_tflops == self.tflops
+        )
 
     def mig_free(self, profile: str) -> int:
         for s in self.mig:
@@ -133,7 +144,7 @@ class ClusterSnapshot:
 class GpuKind(enum.Enum):
     NONE = "none"
     WHOLE = "whole"  # `count` fully free devices
-    SHARE = "share"  # `milli` share and/or `memory_mib` of each of `count` devices
+    SHARE = "share"  # `milli` share, `memory_mib` and/or `tflops` of each of `count` devices
     MIG = "mig"  # `count` slices of `mig_profile`
 
 
@@ -145,14 +156,15 @@ class GpuDemand:
     milli: int = 0  # per device; FULL_SHARE with memory 0 means whole devices
     memory_mib: int = 0  # per device
     mig_profile: str = ""
+    tflops: int = 0  # milli-TFLOPs per device
 
     @staticmethod
     def whole(count: int) -> GpuDemand:
         return GpuDemand(count=count, milli=FULL_SHARE)
 
     @staticmethod
-    def share(milli: int = 0, memory_mib: int = 0, count: int = 1) -> GpuDemand:
-        return GpuDemand(count=count, milli=milli, memory_mib=memory_mib)
+    def share(milli: int = 0, memory_mib: int = 0, count: int = 1, tflops: int = 0) -> GpuDemand:
+        return GpuDemand(count=count, milli=milli, memory_mib=memory_mib, tflops=tflops)
 
     @staticmethod
     def mig(profile: str, count: int = 1) -> GpuDemand:
@@ -164,7 +176,7 @@ class GpuDemand:
             return GpuKind.NONE
         if self.mig_profile:
             return GpuKind.MIG
-        if self.milli >= FULL_SHARE and self.memory_mib == 0:
+        if self.milli >= FULL_SHARE and self.memory_mib == 0 and self.tflops == 0:
             return GpuKind.WHOLE
         return GpuKind.SHARE
 
@@ -274,6 +286,8 @@ class DeviceAssignment:
     milli: int = FULL_SHARE
     memory_mib: int = 0
     mig_profile: str = ""
+    tflops: int = 0  # milli-TFLOPs granted on this device
+    mig_start: int = -1  # dynamic MIG: the memory-slice position the slice is created at
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ node, and memoise on the node's version), so it works from the immutable `Node` 
 
 from __future__ import annotations
 
-from solver.capacity import NodeState, eligible
+from solver.capacity import DeviceState, NodeState, eligible
 from solver.model import FULL_SHARE, GpuKind, Node, PodShape
 from solver.params import PlacementMode
 from solver.problem import node_capacity
@@ -24,6 +24,7 @@ WRONG_MODEL = "no GPU of the requested model"
 WHOLE_GPUS = "not enough idle GPUs"
 SHARE_GPUS = "no GPU has the requested share free"
 MIG_SLICES = "not enough free MIG slices"
+NO_TFLOPS = "pod requests TFLOPs; this node's GPU model has no TFLOPs rating (see gpu.models)"
 
 
 def fits(node: Node, shape: PodShape) -> bool:
@@ -62,11 +63,15 @@ def _gpu_reason(node: Node, shape: PodShape) -> str:
     if gpu.kind is GpuKind.MIG:
         free = sum(d.mig_free(gpu.mig_profile) for d in devices)
         return f"{MIG_SLICES}: {free} free {gpu.mig_profile}, pod needs {gpu.count}"
-    best = max(((d.free_milli, d.free_memory_mib) for d in devices if not d.is_mig), default=(0, 0))
-    return (
-        f"{SHARE_GPUS}: pod needs {gpu.milli}m share and {gpu.memory_mib}Mi on {gpu.count} device(s); "
-        f"the freest device has {best[0]}m and {best[1]}Mi"
-    )
+    if gpu.tflops and not any(d.tflops for d in devices):
+        return NO_TFLOPS
+    best = max(((d.free_milli, d.free_memory_mib, d.free_tflops) for d in devices if not d.is_mig), default=(0, 0, 0))
+    need = f"{gpu.milli}m share and {gpu.memory_mib}Mi"
+    have = f"{best[0]}m and {best[1]}Mi"
+    if gpu.tflops:
+        need += f" and {gpu.tflops / 1000:g} TFLOPs"
+        have += f" and {best[2] / 1000:g} TFLOPs"
+    return f"{SHARE_GPUS}: pod needs {need} on {gpu.count} device(s); the freest device has {have}"
 
 
 def score(node: Node, shape: PodShape, mode: PlacementMode) -> int:
@@ -84,6 +89,16 @@ def score(node: Node, shape: PodShape, mode: PlacementMode) -> int:
     plain = [d for d in state.devices if not d.mig]
     if taken is None or not plain:
         return min(MAX_SCORE, preference)  # MIG-only nodes: slices are not a fill ratio
-    used = 1 - sum(d.free_milli for d in plain) / (FULL_SHARE * len(plain))
+    used = sum(_load(d) for d in plain) / len(plain)
     fill = used if mode is PlacementMode.COMPACT_FIRST else 1 - used
     return min(MAX_SCORE, round(MAX_SCORE * fill * 0.8 + preference * 0.2))
+
+
+def _load(d: DeviceState) -> float:
+    """How used one device is: its most used dimension (share, memory or TFLOPs)."""
+    load = 1 - d.free_milli / FULL_SHARE
+    if d.memory_mib:
+        load = max(load, 1 - d.free_memory_mib / d.memory_mib)
+    if d.tflops:
+        load = max(load, 1 - d.free_tflops / d.tflops)
+    return load

@@ -33,6 +33,7 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
     ext: dict[str, Counter[str]] = defaultdict(Counter)
     share: Counter[tuple[str, int]] = Counter()
     gmem: Counter[tuple[str, int]] = Counter()
+    tflops: Counter[tuple[str, int]] = Counter()
     whole: Counter[tuple[str, int]] = Counter()
     users: Counter[tuple[str, int]] = Counter()
     mig: Counter[tuple[str, int, str]] = Counter()
@@ -69,6 +70,7 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
                 else:
                     share[key] += d.milli
                     gmem[key] += d.memory_mib
+                    tflops[key] += d.tflops
         errors.extend(_check_topology(snapshot, req, gang.assignments))
     touched = {a.node for gang in result.gangs for a in gang.assignments if a.node in nodes}
     for name in sorted(touched):
@@ -83,8 +85,8 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
             key = (name, dev.index)
             if whole[key] and (whole[key] > 1 or users[key] > 1 or not dev.is_idle):
                 errors.append(f"node {name} gpu {dev.index}: whole GPU shared or not idle")
-            if share[key] > dev.free_milli or gmem[key] > dev.free_memory_mib:
-                errors.append(f"node {name} gpu {dev.index}: share or memory over free")
+            if share[key] > dev.free_milli or gmem[key] > dev.free_memory_mib or tflops[key] > dev.free_tflops:
+                errors.append(f"node {name} gpu {dev.index}: share, memory or TFLOPs over free")
             if (share[key] or gmem[key]) and dev.is_mig:
                 errors.append(f"node {name} gpu {dev.index}: share on a MIG device")
             for s in dev.mig:
@@ -124,7 +126,7 @@ def _check_devices(
             errors.append(f"{gang}: member {rank} on GPU model {dev.model}")
         elif gpu.kind is GpuKind.WHOLE and d.milli != FULL_SHARE:
             errors.append(f"{gang}: member {rank} whole GPU split")
-        elif gpu.kind is GpuKind.SHARE and (d.milli != gpu.milli or d.memory_mib != gpu.memory_mib):
+        elif gpu.kind is GpuKind.SHARE and (d.milli, d.memory_mib, d.tflops) != (gpu.milli, gpu.memory_mib, gpu.tflops):
             errors.append(f"{gang}: member {rank} share differs from request")
     return errors
 

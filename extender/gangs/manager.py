@@ -40,9 +40,11 @@ from solver.model import (
     GangName,
     GangPlan,
     GangRequest,
+    GpuDemand,
     NodeName,
     Outcome,
     PodShape,
+    Resources,
 )
 from solver.params import SolverParams
 
@@ -234,14 +236,38 @@ class GangManager:
         anchor = self._anchor(snapshot, spec, [p.node for p in entry.bound] + [r.node for r in state.plan.values()])
         n = len(entry.groups)
         eqs = tuple(
-            EqGroup(
-                _group_name(i, n),
-                PodShape(req, demand, allowed_nodes=self._allowed(snapshot, placement, anchor)),
-                len(ms),
-            )
+            EqGroup(_group_name(i, n), self._shape(snapshot, req, demand, placement, anchor), len(ms))
             for i, ((req, demand, placement), ms) in enumerate(entry.groups.items())
         )
-        return GangRequest(GangName(state.key), eqs, min_count=need, topology=spec.topology, priority=spec.priority)
+        priority = spec.priority or max((self._qos_priority(p) for p in entry.pending), default=0)
+        return GangRequest(GangName(state.key), eqs, min_count=need, topology=spec.topology, priority=priority)
+
+    def _shape(
+        self,
+        snapshot: ClusterSnapshot,
+        req: Resources,
+        demand: GpuDemand,
+        placement: str,
+        anchor: frozenset[NodeName] | None,
+    ) -> PodShape:
+        """Members' shape: eligibility (selector, affinity, taints, GPU pool) within the anchor."""
+        allowed = self._allowed(snapshot, placement, anchor)
+        pool_name = orjson.loads(placement).get("gpuPool", "") if placement else ""
+        if not pool_name:
+            return PodShape(req, demand, allowed_nodes=allowed)
+        pool = self.cache.hardware.by_name.get(pool_name)
+        if pool is None:  # an undefined pool: no node qualifies, the explanation says why
+            return PodShape(req, demand, allowed_nodes=frozenset())
+        in_pool = frozenset(
+            n.name
+            for n in snapshot.nodes
+            if (allowed is None or n.name in allowed) and pool.contains(n.name, dict(n.labels))
+        )
+        return PodShape(req, demand, allowed_nodes=in_pool, gpu_models=pool.models(self.cache.gpu_models()))
+
+    def _qos_priority(self, pod: PodInfo) -> int:
+        pool = self.cache.hardware.by_name.get(pod.pool) if pod.pool else None
+        return pool.priority(pod.qos) if pool is not None else 0
 
     def _reserve(self, entry: _Pending, gang: GangPlan, snapshot: ClusterSnapshot, status: str) -> None:
         state, spec = entry.state, entry.spec

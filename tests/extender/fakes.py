@@ -77,6 +77,8 @@ def node(
     rack: str = "b0-r0",
     mig: dict[str, int] | None = None,
     layout: str | None = None,
+    labels: dict[str, str] | None = None,
+    product: str = "A100",
 ) -> JSON:
     alloc = {"cpu": "128", "memory": "1Ti", "pods": "110", "nvidia.com/gpu": str(gpus)}
     for profile, n in (mig or {}).items():
@@ -90,8 +92,9 @@ def node(
                 "topology.phalanx.io/block": block,
                 "topology.phalanx.io/rack": rack,
                 "kubernetes.io/hostname": name,
-                "nvidia.com/gpu.product": "A100",
+                "nvidia.com/gpu.product": product,
                 "nvidia.com/gpu.memory": "81920",
+                **(labels or {}),
             },
         },
         "spec": {},

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 from extender.cache import Cache
+from extender.config import GpuConfig
 from extender.objects import DEVICES_ANNOTATION, encode_devices
+from extender.pools import Hardware
 from solver.model import DeviceAssignment
 from tests.extender.fakes import node, pod
 
@@ -94,7 +96,7 @@ def test_relist_drops_vanished_objects() -> None:
 
 def test_new_topology_levels_re_derive_paths() -> None:
     cache = cache_with(node("n0"))
-    cache.configure(("topology.phalanx.io/rack",), 81920)
+    cache.configure(("topology.phalanx.io/rack",), Hardware(GpuConfig()))
     assert cache.node_model("n0").topology == ("b0-r0",)  # type: ignore[union-attr]
 
 
