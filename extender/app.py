@@ -180,6 +180,9 @@ class Extender:
                     "freeMilli": d.free_milli,
                     "freeMemoryMiB": d.free_memory_mib,
                     "mig": {s.profile: s.free for s in d.mig},
+                    "migLayout": [{"profile": s.profile, "start": s.start} for s in d.mig_layout],
+                    "tflops": d.tflops / 1000,
+                    "freeTFlops": d.free_tflops / 1000,
                 }
                 for d in model.gpus
             ],

@@ -54,6 +54,18 @@ REQUEST_TYPES = ("portion", "memory", "migProfile")
 MANAGED = (GPU, GPUMEM, GPUCORES)
 
 
+def profile_of(resource: str) -> str:
+    """MIG profile of a resource name: the device plugin writes a profile's "+" as "." (resource
+    names allow no "+"), so `nvidia.com/mig-1g.10gb.me` is profile `1g.10gb+me`."""
+    profile = resource[len(MIG_PREFIX) :]
+    return profile[:-3] + "+me" if profile.endswith(".me") else profile
+
+
+def mig_resource(profile: str) -> str:
+    """The resource name of a MIG profile (inverse of `profile_of`)."""
+    return MIG_PREFIX + profile.replace("+", ".")
+
+
 class DemandError(ValueError):
     """A pod's GPU request is malformed or contradictory; the message names the fields."""
 
@@ -73,7 +85,7 @@ def demand(pod: dict[str, Any], resources: dict[str, str] | None = None) -> GpuD
     resources = container_resources(pod) if resources is None else resources
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     gpus = quantity.count(resources.get(GPU, 0))
-    mig = {k[len(MIG_PREFIX) :]: quantity.count(v) for k, v in resources.items() if k.startswith(MIG_PREFIX)}
+    mig = {profile_of(k): quantity.count(v) for k, v in resources.items() if k.startswith(MIG_PREFIX)}
     mig = {k: v for k, v in mig.items() if v > 0}
     fraction, memory = annotations.get(FRACTION), annotations.get(MEMORY)
     hami_mem, hami_cores = resources.get(GPUMEM), resources.get(GPUCORES)

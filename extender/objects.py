@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from extender import quantity
-from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand
+from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand, profile_of
 from extender.pools import POOL_ANNOTATIONS, QOS_ANNOTATIONS, Hardware, annotation
 from solver.model import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
 
@@ -121,8 +121,9 @@ def devices_of(
         memory = hardware.default_memory_mib
     whole = quantity.count(alloc.get(GPU, 0))
     tflops = hardware.tflops(model, hardware.pool_of(name, labels))
-    out = [GpuDevice(i, model, memory, tflops=tflops) for i in range(whole)]
-    mig = {k[len(MIG_PREFIX) :]: quantity.count(v) for k, v in alloc.items() if k.startswith(MIG_PREFIX)}
+    partition = hardware.partition(model, labels)
+    out = [GpuDevice(i, model, memory, tflops=tflops, partition=partition) for i in range(whole)]
+    mig = {profile_of(k): quantity.count(v) for k, v in alloc.items() if k.startswith(MIG_PREFIX)}
     layout = _layout(annotations.get(MIG_LAYOUT_ANNOTATION))
     if layout:
         by_index: dict[int, list[MigSlice]] = {}

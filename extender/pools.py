@@ -20,6 +20,8 @@ from typing import Any
 
 from extender.config import GpuConfig, PoolConfig
 from extender.eligibility import term_matches
+from solver import mig
+from solver.mig import MigTable
 from solver.model import Node
 from solver.params import PlacementMode
 
@@ -86,6 +88,7 @@ class Hardware:
         self.by_name = {p.name: p for p in self.pools}
         key, _, value = config.dynamic_mig_label.partition("=")
         self.dynamic_mig_label = (key, value)
+        self.mig_tables = mig.load_tables()
         self._key = (config.default_memory_mib, config.models, config.pools, config.dynamic_mig_label)
 
     def __eq__(self, other: object) -> bool:
@@ -103,9 +106,11 @@ class Hardware:
         rating = next((t for match, t in self.models if match in lowered), 0)
         return rating * (pool.oversell_percent if pool is not None else 100) // 100
 
-    def dynamic_mig(self, labels: dict[str, str]) -> bool:
+    def partition(self, model: str, labels: dict[str, str]) -> MigTable | None:
+        """The MIG table Phalanx cuts this node's GPUs by, if the node is marked dynamic-MIG
+        and its model has a table (config/mig-profiles.yaml)."""
         key, value = self.dynamic_mig_label
-        return labels.get(key) == value
+        return self.mig_tables.table_for(model) if labels.get(key) == value else None
 
 
 def summary(pool: Pool | None, name: str, nodes: Iterable[Node]) -> dict[str, Any]:

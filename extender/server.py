@@ -27,6 +27,8 @@ log = structlog.get_logger("phalanx.server")
 MAX_BODY = 64 * 2**20
 
 Route = Callable[[dict[str, Any]], Any]
+#: A REST collection: (method, path below the prefix, raw body) -> (status, JSON body).
+Api = Callable[[str, str, bytes], tuple[int, Any]]
 
 
 class Server(ThreadingHTTPServer):
@@ -42,6 +44,7 @@ class Server(ThreadingHTTPServer):
         metrics: Metrics,
         ready: Callable[[], bool],
         reads: dict[str, Callable[[str], tuple[int, Any]]] | None = None,
+        apis: dict[str, Api] | None = None,
     ) -> None:
         super().__init__(address, _Handler)
         self.verbs = verbs
@@ -50,6 +53,7 @@ class Server(ThreadingHTTPServer):
         self.metrics = metrics
         self.ready = ready
         self.reads = reads or {}
+        self.apis = apis or {}
 
     def track(self, conn: socket.socket, *, open_: bool) -> None:
         with self._connections_lock:
@@ -99,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
         elif path == "/api/v1/stats":
             self._json(200, {"latency": self.server.metrics.percentiles()})
-        else:
+        elif not self._api("GET", path):
             for prefix, read in self.server.reads.items():
                 if path.startswith(prefix):
                     status, body = read(path[len(prefix) :])
@@ -108,13 +112,38 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": f"no route {path}"})
 
     def do_DELETE(self) -> None:
-        if self.path.split("?", 1)[0] == "/api/v1/stats":
+        path = self.path.split("?", 1)[0]
+        if path == "/api/v1/stats":
             self.server.metrics.reset_samples()
             self._json(200, {"reset": True})
-        else:
+        elif not self._api("DELETE", path):
             self._json(404, {"error": f"no route {self.path}"})
 
+    def do_PUT(self) -> None:
+        if not self._api("PUT", self.path.split("?", 1)[0]):
+            self._json(404, {"error": f"no route {self.path}"})
+
+    def _api(self, method: str, path: str) -> bool:
+        """Serve `path` from a REST collection if one owns it; False if none does."""
+        for prefix, api in self.server.apis.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                try:
+                    length = int(self.headers.get("Content-Length") or 0)
+                    if length > MAX_BODY:
+                        self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
+                        return True
+                    body = self.rfile.read(length) if length > 0 else b""
+                    status, reply = api(method, path[len(prefix) :], body)
+                except Exception as e:
+                    log.exception("internal error", path=path, method=method)
+                    status, reply = 500, {"error": f"internal error: {e}"}
+                self._json(status, reply)
+                return True
+        return False
+
     def do_POST(self) -> None:
+        if self._api("POST", self.path.split("?", 1)[0]):
+            return
         verb = self.path.strip("/").split("?", 1)[0]
         route = self.server.verbs.get(verb)
         if route is None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
+from solver import mig
+from solver.mig import MigSlot, MigTable
 from solver.model import FULL_SHARE, DeviceAssignment, GpuDevice, GpuKind, MigSlice, Node, PodShape
 
 UNLIMITED = 1 << 30
@@ -29,6 +31,8 @@ class DeviceState:
     mig: dict[str, int]
     tflops: int = 0
     free_tflops: int = 0
+    partition: MigTable | None = None
+    layout: tuple[MigSlot, ...] = ()
 
     @staticmethod
     def of(d: GpuDevice) -> DeviceState:
@@ -41,6 +45,8 @@ class DeviceState:
             {s.profile: s.free for s in d.mig},
             d.tflops,
             d.free_tflops,
+            d.partition,
+            d.mig_layout,
         )
 
     def copy(self) -> DeviceState:
@@ -58,12 +64,15 @@ class DeviceState:
             tuple(MigSlice(p, max(0, n)) for p, n in self.mig.items()),
             self.tflops,
             max(0, self.free_tflops),
+            self.partition,
+            self.layout,
         )
 
     @property
     def idle(self) -> bool:
         return (
             not self.mig
+            and not self.layout
             and self.free_milli == FULL_SHARE
             and self.free_memory_mib == self.memory_mib
             and self.free_tflops == self.tflops
@@ -71,16 +80,31 @@ class DeviceState:
 
     def share_fits(self, milli: int, memory_mib: int, tflops: int = 0) -> int:
         """How many (milli, memory, TFLOPs) shares still fit on this device."""
-        if self.mig or not (milli or memory_mib or tflops):
+        if self.mig or self.layout or not (milli or memory_mib or tflops):
             return 0
         by_share = self.free_milli // milli if milli else UNLIMITED
         by_memory = self.free_memory_mib // memory_mib if memory_mib else UNLIMITED
         by_tflops = self.free_tflops // tflops if tflops else UNLIMITED
         return max(0, min(by_share, by_memory, by_tflops))
 
+    @property
+    def dynamic(self) -> bool:
+        """Can cut (more) MIG slices: partitionable, and idle or already in MIG mode."""
+        return self.partition is not None and (bool(self.layout) or self.idle)
+
+    def mig_count(self, profile: str) -> int:
+        """Slices of `profile` still available: static free slices plus what a dynamic
+        partition can still cut."""
+        static = self.mig.get(profile, 0)
+        if self.partition is not None and self.dynamic:
+            return static + mig.capacity(self.partition, self.layout, profile)
+        return static
+
     def consume(self, a: DeviceAssignment) -> None:
         """Take what one assignment grants (no check: the caller decided it fits)."""
-        if a.mig_profile:
+        if a.mig_profile and a.mig_start >= 0:
+            self.layout = (*self.layout, MigSlot(a.mig_profile, a.mig_start))
+        elif a.mig_profile:
             self.mig[a.mig_profile] = self.mig.get(a.mig_profile, 0) - 1
         elif a.milli >= FULL_SHARE:  # whole, or a full share: nothing is left to share
             self.free_milli, self.free_memory_mib, self.free_tflops = 0, 0, 0
@@ -133,7 +157,7 @@ class NodeState:
         if kind is GpuKind.WHOLE:
             return sum(1 for d in devices if d.idle) // demand.count
         if kind is GpuKind.MIG:
-            return sum(d.mig.get(demand.mig_profile, 0) for d in devices) // demand.count
+            return sum(d.mig_count(demand.mig_profile) for d in devices) // demand.count
         fits = [d.share_fits(demand.milli, demand.memory_mib, demand.tflops) for d in devices]
         return _multi_device_fit(fits, demand.count)
 
@@ -183,19 +207,31 @@ class NodeState:
 
     @staticmethod
     def _pick_mig(devices: list[DeviceState], profile: str, count: int) -> tuple[DeviceAssignment, ...]:
+        """Static slices first (fewest free first: keeps whole partitions free elsewhere), then
+        dynamic cuts where they cost the largest profiles least (`mig.best_device`)."""
         out: list[DeviceAssignment] = []
-        # Fewest free slices first: keeps whole partitions free elsewhere.
         for d in sorted(devices, key=lambda d: (d.mig.get(profile, 0), d.index)):
             while d.mig.get(profile, 0) > 0 and len(out) < count:
-                d.mig[profile] -= 1
-                out.append(DeviceAssignment(d.index, 0, 0, profile))
+                a = DeviceAssignment(d.index, 0, 0, profile)
+                d.consume(a)
+                out.append(a)
+        while len(out) < count:
+            cuttable = [d for d in devices if d.partition is not None and d.dynamic]
+            choice = mig.best_device([mig.MigDevice(d.partition, d.layout) for d in cuttable if d.partition], profile)
+            if choice is None:
+                break
+            device = cuttable[choice.index]
+            for slot in choice.slots:
+                a = DeviceAssignment(device.index, 0, 0, profile, mig_start=slot.start)
+                device.consume(a)
+                out.append(a)
         return tuple(out)
 
     def idle_gpus(self) -> int:
         return sum(1 for d in self.devices if d.idle)
 
     def free_share(self) -> int:
-        return sum(d.free_milli for d in self.devices if not d.mig)
+        return sum(d.free_milli for d in self.devices if not d.mig and not d.layout)
 
 
 def _multi_device_fit(fits: list[int], per_pod: int) -> int:

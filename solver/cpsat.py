@@ -368,6 +368,10 @@ def _unit_free(problem: Problem, u: int) -> dict[str, int]:
         for dim, value in (("cpu", f.cpu_milli), ("memory", f.memory_mib), ("pods", f.pods), *f.extended):
             free[dim] = free.get(dim, 0) + max(0, value)
         for d in node.gpus:
+            if d.partition is not None and (d.mig_layout or d.is_idle):
+                # Each profile's own count: a relaxation across profiles (validated downstream).
+                for p in d.partition.profiles:
+                    free[f"mig:{p.name}"] = free.get(f"mig:{p.name}", 0) + d.mig_free(p.name)
             if d.is_mig:
                 for s in d.mig:
                     free[f"mig:{s.profile}"] = free.get(f"mig:{s.profile}", 0) + s.free

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
+from solver.mig import MigSlot, MigTable
+from solver.mig import capacity as mig_capacity
+
 NodeName = NewType("NodeName", str)
 GangName = NewType("GangName", str)
 
@@ -78,6 +81,11 @@ class GpuDevice:
     # the model's TFLOPs are unknown: TFLOPs requests then do not fit this device.
     tflops: int = 0
     free_tflops: int = -1  # -1: all of tflops
+    # Dynamic MIG: the model's profile table when Phalanx may cut this GPU into MIG slices on
+    # demand, and the slices cut so far. An idle partitionable GPU takes whole, share or MIG
+    # pods; once it holds a slice it takes MIG pods only, until its last slice is gone.
+    partition: MigTable | None = None
+    mig_layout: tuple[MigSlot, ...] = ()
 
     def __post_init__(self) -> None:
         if self.free_memory_mib < 0:
@@ -87,22 +95,28 @@ class GpuDevice:
 
     @property
     def is_mig(self) -> bool:
-        return bool(self.mig)
+        """In MIG mode: statically partitioned, or holding dynamic slices."""
+        return bool(self.mig) or bool(self.mig_layout)
 
     @property
     def is_idle(self) -> bool:
         """No share and no memory taken: the device can go to a whole-GPU pod."""
         return (
             not self.mig
+            and not self.mig_layout
             and self.free_milli == FULL_SHARE
             and self.free_memory_mib == self.memory_mib
             and self.free_tflops == self.tflops
         )
 
     def mig_free(self, profile: str) -> int:
+        """Slices of `profile` this device can still give: free static slices, or how many more
+        a dynamic partition can cut (exact for one profile)."""
         for s in self.mig:
             if s.profile == profile:
                 return s.free
+        if self.partition is not None and (self.mig_layout or self.is_idle):
+            return mig_capacity(self.partition, self.mig_layout, profile)
         return 0
 
 

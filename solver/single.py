@@ -86,7 +86,7 @@ def score(node: Node, shape: PodShape, mode: PlacementMode) -> int:
         return min(MAX_SCORE, preference)
     state = NodeState(node)
     taken = state.take(shape, spread=mode is PlacementMode.LOW_LOAD_FIRST)
-    plain = [d for d in state.devices if not d.mig]
+    plain = [d for d in state.devices if not d.mig and not d.layout]
     if taken is None or not plain:
         return min(MAX_SCORE, preference)  # MIG-only nodes: slices are not a fill ratio
     used = sum(_load(d) for d in plain) / len(plain)

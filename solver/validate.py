@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
+from solver import mig
+from solver.mig import MigSlot
 from solver.model import (
     FULL_SHARE,
     Assignment,
     ClusterSnapshot,
     DeviceAssignment,
     GangRequest,
+    GpuDevice,
     GpuKind,
     Node,
     NodeName,
@@ -37,6 +40,7 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
     whole: Counter[tuple[str, int]] = Counter()
     users: Counter[tuple[str, int]] = Counter()
     mig: Counter[tuple[str, int, str]] = Counter()
+    cuts: dict[tuple[str, int], list[MigSlot]] = defaultdict(list)  # dynamic MIG slices per device
     for gang in result.gangs:
         req = by_name.get(gang.gang)
         if req is None:
@@ -63,7 +67,9 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
             for d in a.devices:
                 key = (a.node, d.index)
                 users[key] += 1
-                if d.mig_profile:
+                if d.mig_profile and d.mig_start >= 0:
+                    cuts[key].append(MigSlot(d.mig_profile, d.mig_start))
+                elif d.mig_profile:
                     mig[(a.node, d.index, d.mig_profile)] += 1
                 elif shape.gpu.kind is GpuKind.WHOLE:
                     whole[key] += 1
@@ -92,11 +98,24 @@ def validate(snapshot: ClusterSnapshot, requests: list[GangRequest], result: Pla
             for s in dev.mig:
                 if mig[(name, dev.index, s.profile)] > s.free:
                     errors.append(f"node {name} gpu {dev.index}: MIG {s.profile} over free slices")
+            if cuts[key]:
+                errors.extend(_check_cuts(name, dev, cuts[key], users[key] - len(cuts[key])))
     for (node_name, index, profile), count in mig.items():
         device = next((d for d in nodes[NodeName(node_name)].gpus if d.index == index), None)
-        if device is None or device.mig_free(profile) < count:
+        if device is None or sum(s.free for s in device.mig if s.profile == profile) < count:
             errors.append(f"node {node_name} gpu {index}: no free MIG {profile} slice")
     return errors
+
+
+def _check_cuts(name: str, dev: GpuDevice, added: list[MigSlot], other_users: int) -> list[str]:
+    """Dynamic MIG slices on one device: a partitionable GPU in MIG mode or idle, no other
+    kind of user, and a layout valid for its model (placements, no overlap, compute)."""
+    where = f"node {name} gpu {dev.index}"
+    if dev.partition is None:
+        return [f"{where}: dynamic MIG slice on a GPU that cannot be partitioned"]
+    if other_users or not (dev.mig_layout or dev.is_idle):
+        return [f"{where}: dynamic MIG slice on a GPU that is shared or whole-used"]
+    return [f"{where}: {v}" for v in mig.violations(dev.partition, (*dev.mig_layout, *added))]
 
 
 def _check_gang_counts(req: GangRequest, outcome: Outcome, placed: int) -> list[str]:

@@ -41,6 +41,7 @@ def pod(annotations: dict[str, str] | None = None, limits: dict[str, str] | None
             GpuDemand.share(250, 4096, 2),
         ),
         ("static MIG", pod(limits={"nvidia.com/mig-1g.10gb": "1"}), GpuDemand.mig("1g.10gb")),
+        ("MIG with media extensions", pod(limits={"nvidia.com/mig-1g.10gb.me": "1"}), GpuDemand.mig("1g.10gb+me")),
         ("TensorFusion TFLOPs", pod({"tensor-fusion.ai/tflops-request": "71200m"}), GpuDemand.share(tflops=71200)),
         (
             "TensorFusion TFLOPs and VRAM on two devices",
