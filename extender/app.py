@@ -21,15 +21,20 @@ from extender import logs, pools
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
+from extender.dynamic_watch import DynamicWatches
 from extender.gangs.manager import GangManager
 from extender.gangs.notify import Notifier
+from extender.gangs.ri_source import RISource
 from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WORKLOAD, GangObjects
-from extender.kube import Kube
+from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
 from extender.pools import Hardware
+from extender.ri.model import GVK
+from extender.ri.registry import Registry
 from extender.server import Server
 from extender.verbs import Verbs
 from extender.watch import Reflector
+from extender.workload_types import WorkloadTypes
 from solver.model import Node
 
 log = structlog.get_logger("phalanx.app")
@@ -53,9 +58,21 @@ class Extender:
         self.binder = Binder(kube)
         self.gang_objects = GangObjects()
         notifier = Notifier(self.binder)
+        self.registry = Registry()
+        self.ri = RISource(self.registry, lambda uid: self.cache.pods.get(uid))
         self.gangs = GangManager(
-            self.cache, self.gang_objects, lambda: self.config.solver_params(), notifier, notifier.nudge
+            self.cache, self.gang_objects, lambda: self.config.solver_params(), notifier, notifier.nudge, ri=self.ri
         )
+        self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
+        self.workload_types = WorkloadTypes(
+            kube,
+            self.registry,
+            namespace=options.config_namespace,
+            configmap=CONFIGMAP_NAME,
+            on_change=lambda: self.dynamic.sync(self.ri.watched_kinds()),
+            warn=self._warn_workload_type,
+        )
+        self.dynamic.sync(self.ri.watched_kinds())
         self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics, self.gangs)
         self.reflectors = [
             Reflector(
@@ -100,6 +117,7 @@ class Extender:
                 "/api/v1/nodes": self._read_nodes,
                 "/api/v1/pools": self._read_pools,
             },
+            apis={"/api/v1/workload-types": self.workload_types.api},
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -115,6 +133,24 @@ class Extender:
             on_list=lambda items: self.gang_objects.replace(kind, items),
             on_event=lambda event, obj: self._definition_event(kind, event, obj),
         )
+
+    def _ri_event(self, gvk: GVK, event: str, obj: dict[str, Any]) -> None:
+        self.ri.event(gvk, event, obj)
+        if self.registry.lookup(gvk.group, gvk.version, gvk.kind) is not None:
+            meta = obj.get("metadata") or {}
+            self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+
+    def _warn_workload_type(self, message: str) -> None:
+        log.error("workload type rejected; keeping the last good one", error=message)
+        ref = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIGMAP_NAME, "namespace": self.options.config_namespace},
+        }
+        try:
+            self.binder.event(ref, reason="InvalidWorkloadType", message=message[:1024], kind="Warning")
+        except (ApiError, OSError) as e:
+            log.warning("could not record the event", error=str(e))
 
     def _definition_event(self, kind: tuple[str, str], event: str, obj: dict[str, Any]) -> None:
         self.gang_objects.event(kind, event, obj)
@@ -190,11 +226,15 @@ class Extender:
         }
 
     def _sweep(self) -> None:
+        ticks = 0
         while not self._stopping.wait(1.0):
+            ticks += 1
             try:
                 self.gangs.sweep()
+                if ticks % 5 == 0:
+                    self.dynamic.retry()  # CRDs installed after start-up
             except Exception:
-                log.exception("gang sweep failed")
+                log.exception("periodic sweep failed")
 
     def _initial_config(self) -> PhalanxConfig:
         if self.options.config_file is not None:
@@ -207,6 +247,7 @@ class Extender:
         logs.configure(self.config.server.log_level)
         for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             self._threads.append(r.start())
+        self.dynamic.start()
         sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
         sweeper.start()
         self._threads.append(sweeper)
@@ -220,6 +261,7 @@ class Extender:
         self.gangs.shutdown()
         for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             r.stop()
+        self.dynamic.stop()
         self.server.shutdown()
         self.server.server_close()
         self.server.close_connections()
@@ -248,6 +290,7 @@ class Extender:
             log.warning("configuration ConfigMap deleted; keeping the last good configuration")
             return
         meta = obj.get("metadata") or {}
+        self.workload_types.sync(obj.get("data") or {})
         source = f"ConfigMap {meta.get('namespace')}/{meta.get('name')} key {CONFIGMAP_KEY}"
         try:
             config = parse((obj.get("data") or {}).get(CONFIGMAP_KEY, ""), source=source)

@@ -15,7 +15,7 @@ rebuilds device usage from after a restart.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -48,6 +48,15 @@ class NodeInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerRef:
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+@dataclass(frozen=True, slots=True)
 class PodInfo:
     """What the cache keeps of a Pod."""
 
@@ -68,6 +77,8 @@ class PodInfo:
     placement: str = ""  # nodeSelector, required affinity, tolerations and GPU pool, as canonical JSON
     pool: str = ""  # GPU pool the pod asks for ("" = none)
     qos: str = ""  # QoS level within its pool
+    owners: tuple[OwnerRef, ...] = ()
+    obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
     @property
     def key(self) -> str:
@@ -175,7 +186,25 @@ def pod_info(obj: JSON) -> PodInfo:
         placement=_placement(spec, pool),
         pool=pool,
         qos=annotation(annotations, QOS_ANNOTATIONS),
+        owners=owner_refs(meta),
+        obj=obj,
     )
+
+
+def owner_refs(meta: JSON) -> tuple[OwnerRef, ...]:
+    """The object's owners, its controller first."""
+    refs = [
+        OwnerRef(
+            str(r.get("apiVersion", "")),
+            str(r.get("kind", "")),
+            str(r.get("name", "")),
+            str(r.get("uid", "")),
+            bool(r.get("controller")),
+        )
+        for r in meta.get("ownerReferences") or []
+        if isinstance(r, dict)
+    ]
+    return tuple(sorted(refs, key=lambda r: not r.controller))
 
 
 def _placement(spec: JSON, pool: str) -> str:

@@ -30,7 +30,10 @@ import structlog
 
 from extender.cache import Cache
 from extender.eligibility import matches
-from extender.gangs.sources import GangObjects, GangSpec, gang_key, resolve
+from extender.gangs.ri_source import PREFIX as RI_PREFIX
+from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
+from extender.gangs.ri_source import RISource
+from extender.gangs.sources import GangObjects, GangSpec, Resolution, gang_key, resolve
 from extender.objects import PodInfo
 from solver import plan as solve
 from solver.model import (
@@ -109,6 +112,7 @@ class GangManager:
         nudge: Nudge | None = None,
         *,
         bind_wait_cap_s: float = 25.0,
+        ri: RISource | None = None,
     ) -> None:
         self.cache = cache
         self.objects = objects
@@ -117,6 +121,10 @@ class GangManager:
         self.nudge: Nudge = nudge or (lambda namespace, name, value: None)
         self.bind_wait_cap_s = bind_wait_cap_s
         self.members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
+        self.key_of: dict[str, str] = {}  # pod uid -> gang key it is counted under
+        self.ri = ri
+        if ri is not None:
+            ri.on_rekey = self.rekey
         self.gangs: dict[str, GangState] = {}
         self._last_retry = 0.0
         self.lock = threading.Condition(threading.RLock())
@@ -125,17 +133,39 @@ class GangManager:
     # ------------------------------------------------------------------ membership
 
     def _pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
-        if old is not None:
-            key = gang_key(old.namespace, old.labels, old.scheduling_group)
-            if key and (new is None or not new.active):
-                self.members[key].discard(old.uid)
+        either = new if new is not None else old
+        if either is None:
+            return
+        uid = either.uid
+        previous = self.key_of.pop(uid, "")
+        if previous:
+            self.members[previous].discard(uid)
         if new is not None and new.active:
-            key = gang_key(new.namespace, new.labels, new.scheduling_group)
+            key = self._key(new)
             if key:
-                self.members[key].add(new.uid)
+                self.members[key].add(uid)
+                self.key_of[uid] = key
+
+    def _key(self, pod: PodInfo) -> str:
+        key = gang_key(pod.namespace, pod.labels, pod.scheduling_group)
+        if not key and self.ri is not None:
+            key = self.ri.key(pod)
+        return key
+
+    def rekey(self, uids: set[str]) -> None:
+        """Pods whose RI owner just appeared: compute their gang again, and wake them."""
+        with self.cache.lock:
+            pods = [p for u in uids if (p := self.cache.pods.get(u)) is not None]
+            for pod in pods:
+                self._pod_changed(pod, pod)
+        for pod in pods:
+            if not pod.node:
+                self.nudge(pod.namespace, pod.name, f"owner:{time.time():.0f}")
 
     def gang_of(self, pod: PodInfo) -> str:
-        return gang_key(pod.namespace, pod.labels, pod.scheduling_group)
+        with self.cache.lock:
+            known = self.key_of.get(pod.uid)
+        return known if known is not None else self._key(pod)
 
     # ------------------------------------------------------------------ filter
 
@@ -144,7 +174,10 @@ class GangManager:
         key = self.gang_of(pod)
         if not key:
             return None
-        res = resolve(self.objects, pod.namespace, pod.labels, pod.annotations, pod.scheduling_group)
+        if key.startswith((RI_PREFIX, RI_WAITING)) and self.ri is not None:
+            res: Resolution | None = self.ri.resolve(pod, key, self._member_pods(key))
+        else:
+            res = resolve(self.objects, pod.namespace, pod.labels, pod.annotations, pod.scheduling_group)
         if res is None or (res.spec is not None and not res.spec.enabled):
             return None
         with self.lock:
@@ -419,7 +452,7 @@ class GangManager:
     def definition_changed(self, namespace: str, name: str) -> None:
         """A Workload or PodGroup changed: its waiting members are re-evaluated now (they may
         have been parked by kube-scheduler for lack of quorum or of a definition)."""
-        prefixes = [f"{kind}:{namespace}/{name}" for kind in ("wl", "pg", "cs")]
+        prefixes = [f"{kind}:{namespace}/{name}" for kind in ("wl", "pg", "cs", "ri")]
         with self.cache.lock:
             keys = [
                 k

@@ -1,0 +1,493 @@
+"""Realistic CRs and the pods their real controllers create (labels, annotations, ownerReferences).
+
+Each builder returns (cr, pods). Labels follow the controllers' source: Kubeflow training-operator
+v1 (lower-cased replica type), mpi-operator v2 (job-role), JobSet (jobset.sigs.k8s.io/* plus the
+Job controller's batch.kubernetes.io/*), LWS (controller + pod webhook), KServe (component label),
+Kubeflow Trainer v2 (via its JobSet), KubeRay (ray.io/*).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+JSON = dict[str, Any]
+HERE = Path(__file__).resolve().parent
+NS = "ml"
+
+
+def kserve_example_text() -> str:
+    """The spec's KServe example, verbatim (it indents with tabs in two places)."""
+    return (HERE / "kserve_example.json").read_text()
+
+
+def _uid(*parts: str) -> str:
+    digest = hashlib.sha1("/".join(parts).encode()).hexdigest()
+    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+def owner(api_version: str, kind: str, name: str) -> JSON:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": _uid(kind, name),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def pod(
+    name: str,
+    *,
+    labels: dict[str, str],
+    owner_ref: JSON,
+    annotations: dict[str, str] | None = None,
+    gpus: int = 0,
+    container: str = "main",
+) -> JSON:
+    limits: dict[str, str] = {"cpu": "8", "memory": "32Gi"}
+    if gpus:
+        limits["nvidia.com/gpu"] = str(gpus)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": _uid("Pod", name),
+            "labels": dict(labels),
+            "annotations": dict(annotations or {}),
+            "ownerReferences": [owner_ref],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "fieldsV1": {"f:x": {}}}],
+        },
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "containers": [
+                {
+                    "name": container,
+                    "image": "ghcr.io/example/train:2.4.0",
+                    "command": ["python", "-m", "train"],
+                    "env": [{"name": f"VAR_{i}", "value": "x" * 24} for i in range(8)],
+                    "resources": {"limits": limits, "requests": dict(limits)},
+                }
+            ],
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def template(gpus: int = 0, container: str = "main") -> JSON:
+    limits: dict[str, Any] = {"cpu": "8"}
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    return {"spec": {"containers": [{"name": container, "image": "img", "resources": {"limits": limits}}]}}
+
+
+def conditions(*pairs: tuple[str, str]) -> JSON:
+    return {
+        "conditions": [
+            {"type": t, "status": s, "reason": t, "lastTransitionTime": "2025-01-01T00:00:00Z"} for t, s in pairs
+        ]
+    }
+
+
+# --- Kubeflow training-operator v1 ---------------------------------------------------------------
+
+
+def pytorchjob(
+    name: str = "bert",
+    *,
+    workers: int = 3,
+    master: bool = True,
+    min_available: int | None = None,
+    elastic_min: int | None = None,
+    created: int | None = None,
+) -> tuple[JSON, list[JSON]]:
+    specs: JSON = {"Worker": {"replicas": workers, "restartPolicy": "OnFailure", "template": template(8, "pytorch")}}
+    if master:
+        specs["Master"] = {"replicas": 1, "restartPolicy": "OnFailure", "template": template(8, "pytorch")}
+    spec: JSON = {"pytorchReplicaSpecs": specs, "runPolicy": {"cleanPodPolicy": "None"}}
+    if min_available is not None:
+        spec["runPolicy"]["schedulingPolicy"] = {"minAvailable": min_available}
+    if elastic_min is not None:
+        spec["elasticPolicy"] = {"minReplicas": elastic_min, "maxReplicas": workers, "rdzvBackend": "c10d"}
+    cr = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+        "status": conditions(("Created", "True")),
+    }
+    ref = owner("kubeflow.org/v1", "PyTorchJob", name)
+    roles = ([("master", 0)] if master else []) + [("worker", i) for i in range(workers)]
+    pods = []
+    for rtype, index in roles:
+        labels = {
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/replica-type": rtype,
+            "training.kubeflow.org/replica-index": str(index),
+        }
+        if rtype == "master":
+            labels["training.kubeflow.org/job-role"] = "master"
+        pods.append(pod(f"{name}-{rtype}-{index}", labels=labels, owner_ref=ref, gpus=8, container="pytorch"))
+    return cr, pods[:created] if created is not None else pods
+
+
+# --- mpi-operator v2 --------------------------------------------------------------------------------
+
+
+def mpijob(name: str = "allreduce", *, workers: int = 4, wait_for_workers: bool = False) -> tuple[JSON, list[JSON]]:
+    spec: JSON = {
+        "slotsPerWorker": 8,
+        "runPolicy": {"cleanPodPolicy": "Running"},
+        "mpiReplicaSpecs": {
+            "Launcher": {"replicas": 1, "template": template(0, "launcher")},
+            "Worker": {"replicas": workers, "template": template(8, "worker")},
+        },
+    }
+    if wait_for_workers:
+        spec["launcherCreationPolicy"] = "WaitForWorkersReady"
+    cr = {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+        "status": conditions(("Created", "True"), ("Running", "True")),
+    }
+    base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
+    job_name = f"{name}-launcher"
+    launcher_labels = {
+        **base,
+        "training.kubeflow.org/job-role": "launcher",
+        "batch.kubernetes.io/job-name": job_name,
+        "job-name": job_name,
+        "batch.kubernetes.io/controller-uid": _uid("Job", job_name),
+        "controller-uid": _uid("Job", job_name),
+    }
+    pods = (
+        []
+        if wait_for_workers
+        else [pod(f"{job_name}-x7k2p", labels=launcher_labels, owner_ref=owner("batch/v1", "Job", job_name))]
+    )
+    ref = owner("kubeflow.org/v2beta1", "MPIJob", name)
+    for i in range(workers):
+        labels = {**base, "training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": str(i)}
+        pods.append(pod(f"{name}-worker-{i}", labels=labels, owner_ref=ref, gpus=8, container="worker"))
+    return cr, pods
+
+
+# --- JobSet -------------------------------------------------------------------------------------------
+
+
+def jobset(
+    name: str = "llm",
+    *,
+    rjobs: tuple[tuple[str, int, int], ...] = (("driver", 1, 1), ("workers", 2, 4)),
+    in_order: bool = False,
+    depends_on: dict[str, str] | None = None,
+    created: set[str] | None = None,
+) -> tuple[JSON, list[JSON]]:
+    """rjobs: (replicatedJob name, replicas, parallelism); created: the replicatedJobs with pods so far."""
+    replicated = []
+    for rj, replicas, parallelism in rjobs:
+        job_spec = {
+            "parallelism": parallelism,
+            "completions": parallelism,
+            "completionMode": "Indexed",
+            "template": template(8 if rj != "driver" else 0),
+        }
+        entry: JSON = {"name": rj, "replicas": replicas, "template": {"spec": job_spec}}
+        if depends_on and rj in depends_on:
+            entry["dependsOn"] = [{"name": depends_on[rj], "status": "Ready"}]
+        replicated.append(entry)
+    spec: JSON = {"replicatedJobs": replicated, "failurePolicy": {"maxRestarts": 3}}
+    if in_order:
+        spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+    cr = {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": spec,
+        "status": {"replicatedJobsStatus": [{"name": rj, "active": r, "ready": 0} for rj, r, _ in rjobs]},
+    }
+    total = sum(r for _, r, _ in rjobs)
+    pods, global_index = [], 0
+    for rj, replicas, parallelism in rjobs:
+        for j in range(replicas):
+            job_name = f"{name}-{rj}-{j}"
+            for k in range(parallelism):
+                if created is None or rj in created:
+                    pods.append(_jobset_pod(name, rj, replicas, j, k, job_name, total, global_index))
+            global_index += 1
+    return cr, pods
+
+
+def _jobset_pod(name: str, rj: str, replicas: int, j: int, k: int, job_name: str, total: int, gi: int) -> JSON:
+    js = {
+        "jobset.sigs.k8s.io/jobset-name": name,
+        "jobset.sigs.k8s.io/replicatedjob-name": rj,
+        "jobset.sigs.k8s.io/replicatedjob-replicas": str(replicas),
+        "jobset.sigs.k8s.io/job-index": str(j),
+        "jobset.sigs.k8s.io/job-global-index": str(gi),
+        "jobset.sigs.k8s.io/global-replicas": str(total),
+        "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{NS}/{job_name}".encode()).hexdigest(),
+        "jobset.sigs.k8s.io/restart-attempt": "0",
+    }
+    job = {
+        "batch.kubernetes.io/job-name": job_name,
+        "job-name": job_name,
+        "batch.kubernetes.io/controller-uid": _uid("Job", job_name),
+        "controller-uid": _uid("Job", job_name),
+        "batch.kubernetes.io/job-completion-index": str(k),
+    }
+    annotations = {**js, "batch.kubernetes.io/job-completion-index": str(k)}
+    return pod(
+        f"{job_name}-{k}-{_uid(job_name, str(k))[:5]}",
+        labels={**js, **job},
+        annotations=annotations,
+        owner_ref=owner("batch/v1", "Job", job_name),
+        gpus=0 if rj == "driver" else 8,
+    )
+
+
+# --- LeaderWorkerSet ------------------------------------------------------------------------------
+
+
+def leaderworkerset(
+    name: str = "vllm", *, replicas: int = 3, size: int = 4, workers_created: bool = True
+) -> tuple[JSON, list[JSON]]:
+    cr = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": size,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": template(8, "vllm-leader"),
+                "workerTemplate": template(8, "vllm-worker"),
+            },
+        },
+        "status": conditions(("Progressing", "True")),
+    }
+    revision = "5c5fcdfb44"
+    pods = []
+    for g in range(replicas):
+        leader = f"{name}-{g}"
+        group_key = hashlib.sha1(f"{NS}/{leader}".encode()).hexdigest()
+        pods.append(
+            pod(
+                leader,
+                owner_ref=owner("apps/v1", "StatefulSet", name),
+                gpus=8,
+                container="vllm-leader",
+                labels={
+                    "leaderworkerset.sigs.k8s.io/name": name,
+                    "leaderworkerset.sigs.k8s.io/template-revision-hash": revision,
+                    "leaderworkerset.sigs.k8s.io/worker-index": "0",
+                    "leaderworkerset.sigs.k8s.io/group-index": str(g),
+                    "leaderworkerset.sigs.k8s.io/group-key": group_key,
+                    "apps.kubernetes.io/pod-index": str(g),
+                    "statefulset.kubernetes.io/pod-name": leader,
+                },
+                annotations={"leaderworkerset.sigs.k8s.io/size": str(size)},
+            )
+        )
+        for w in range(1, size) if workers_created else ():
+            worker = f"{leader}-{w}"
+            pods.append(
+                pod(
+                    worker,
+                    owner_ref=owner("apps/v1", "StatefulSet", leader),
+                    gpus=8,
+                    container="vllm-worker",
+                    labels={
+                        "leaderworkerset.sigs.k8s.io/name": name,
+                        "leaderworkerset.sigs.k8s.io/template-revision-hash": revision,
+                        "leaderworkerset.sigs.k8s.io/group-index": str(g),
+                        "leaderworkerset.sigs.k8s.io/group-key": group_key,
+                        "leaderworkerset.sigs.k8s.io/worker-index": str(w),
+                        "apps.kubernetes.io/pod-index": str(w),
+                        "statefulset.kubernetes.io/pod-name": worker,
+                    },
+                    annotations={
+                        "leaderworkerset.sigs.k8s.io/size": str(size),
+                        "leaderworkerset.sigs.k8s.io/leader-name": leader,
+                    },
+                )
+            )
+    return cr, pods
+
+
+# --- KServe ---------------------------------------------------------------------------------------
+
+
+def inferenceservice(
+    name: str = "llama", *, predictor_min: int | None = 2, transformer: bool = True
+) -> tuple[JSON, list[JSON]]:
+    predictor: JSON = {
+        "model": {"modelFormat": {"name": "huggingface"}, "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        "maxReplicas": 4,
+    }
+    if predictor_min is not None:
+        predictor["minReplicas"] = predictor_min
+    spec: JSON = {"predictor": predictor}
+    if transformer:
+        spec["transformer"] = {"containers": [{"name": "kserve-container", "image": "tok:1"}], "minReplicas": 1}
+    cr = {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "annotations": {"serving.kserve.io/deploymentMode": "RawDeployment"},
+        },
+        "spec": spec,
+        "status": conditions(("PredictorReady", "True"), ("Ready", "True")),
+    }
+    pods = []
+    components = [("predictor", predictor_min or 1)] + ([("transformer", 1)] if transformer else [])
+    for component, count in components:
+        deployment = f"{name}-{component}"
+        rs = f"{deployment}-7d9f8b6c5d"
+        for i in range(count):
+            labels = {
+                "serving.kserve.io/inferenceservice": name,
+                "component": component,
+                "app": f"isvc.{deployment}",
+                "pod-template-hash": "7d9f8b6c5d",
+            }
+            pods.append(
+                pod(
+                    f"{rs}-{_uid(rs, str(i))[:5]}",
+                    labels=labels,
+                    container="kserve-container",
+                    owner_ref=owner("apps/v1", "ReplicaSet", rs),
+                    gpus=1 if component == "predictor" else 0,
+                )
+            )
+    return cr, pods
+
+
+# --- Kubeflow Trainer v2 ------------------------------------------------------------------------
+
+
+def trainjob(
+    name: str = "qwen-sft", *, num_nodes: int | None = 4, nodes_created: int | None = None, initializers: bool = True
+) -> tuple[JSON, list[JSON]]:
+    trainer: JSON = {
+        "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
+        "resourcesPerNode": {"limits": {"nvidia.com/gpu": 8}},
+    }
+    if num_nodes is not None:
+        trainer["numNodes"] = num_nodes
+    cr = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "runtimeRef": {
+                "name": "torch-distributed",
+                "apiGroup": "trainer.kubeflow.org",
+                "kind": "ClusterTrainingRuntime",
+            },
+            "initializer": {"dataset": {"storageUri": "hf://tatsu-lab/alpaca"}},
+            "trainer": trainer,
+        },
+        "status": {
+            "jobsStatus": [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}]
+        },
+    }
+    rjobs = [("dataset-initializer", 1)] if initializers else []
+    rjobs.append(("node", num_nodes or 1))
+    pods = []
+    for rj, parallelism in rjobs:
+        made = parallelism if rj != "node" or nodes_created is None else nodes_created
+        for k in range(made):
+            pods.append(_jobset_pod(name, rj, 1, 0, k, f"{name}-{rj}-0", len(rjobs), 0))
+    return cr, pods
+
+
+# --- KubeRay -----------------------------------------------------------------------------------------
+
+
+def raycluster(
+    name: str = "ray",
+    *,
+    groups: tuple[tuple[str, int, int, int], ...] = (("cpu", 2, 1, 1), ("gpu", 2, 2, 2)),
+    autoscaling: bool = False,
+) -> tuple[JSON, list[JSON]]:
+    """groups: (groupName, replicas, minReplicas, numOfHosts)."""
+    worker_specs = [
+        {
+            "groupName": g,
+            "replicas": r,
+            "minReplicas": m,
+            "maxReplicas": 10,
+            "numOfHosts": h,
+            "rayStartParams": {},
+            "template": template(8 if g == "gpu" else 0, "ray-worker"),
+        }
+        for g, r, m, h in groups
+    ]
+    cr = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "rayVersion": "2.41.0",
+            "enableInTreeAutoscaling": autoscaling,
+            "headGroupSpec": {"rayStartParams": {}, "template": template(0, "ray-head")},
+            "workerGroupSpecs": worker_specs,
+        },
+        "status": {"state": "ready"},
+    }
+    ref = owner("ray.io/v1", "RayCluster", name)
+    common = {
+        "ray.io/cluster": name,
+        "ray.io/is-ray-node": "yes",
+        "app.kubernetes.io/name": "kuberay",
+        "app.kubernetes.io/created-by": "kuberay-operator",
+    }
+    pods = [
+        pod(
+            f"{name}-head",
+            owner_ref=ref,
+            container="ray-head",
+            labels={
+                **common,
+                "ray.io/node-type": "head",
+                "ray.io/group": "headgroup",
+                "ray.io/identifier": f"{name}-head",
+            },
+        )
+    ]
+    for g, r, _m, h in groups:
+        for i in range(r * h):
+            pods.append(
+                pod(
+                    f"{name}-{g}-worker-{_uid(g, str(i))[:5]}",
+                    owner_ref=ref,
+                    container="ray-worker",
+                    gpus=8 if g == "gpu" else 0,
+                    labels={
+                        **common,
+                        "ray.io/node-type": "worker",
+                        "ray.io/group": g,
+                        "ray.io/identifier": f"{name}-worker",
+                    },
+                )
+            )
+    return cr, pods
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2)

@@ -1,0 +1,138 @@
+"""RI gangs in the extender: owner walks to the root, waiting keys re-keyed when an owner
+arrives, and workload types from the ConfigMap with last-good semantics."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import yaml
+
+from extender.app import Extender, Options
+from extender.ri.model import GVK
+from extender.workload_types import KEY_PREFIX
+from tests.extender import ri_fixtures
+from tests.extender.fakes import FakeKube
+
+JOBSET = GVK("jobset.x-k8s.io", "v1alpha2", "JobSet")
+JOB = GVK("batch", "v1", "Job")
+
+
+@pytest.fixture
+def ext() -> Iterator[Extender]:
+    extender = Extender(FakeKube(), Options(port=0))
+    extender.server.server_close()  # in-process only
+    yield extender
+
+
+def jobset_objects() -> tuple[dict, dict, dict]:  # type: ignore[type-arg]
+    cr, pods = ri_fixtures.jobset("llm", rjobs=(("workers", 1, 2),))
+    cr["metadata"]["uid"] = "js-uid"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "llm-workers-0",
+            "namespace": cr["metadata"]["namespace"],
+            "uid": "job-uid",
+            "ownerReferences": [
+                {
+                    "apiVersion": "jobset.x-k8s.io/v1alpha2",
+                    "kind": "JobSet",
+                    "name": "llm",
+                    "uid": "js-uid",
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    pod = copy.deepcopy(pods[0])
+    pod["metadata"]["ownerReferences"][0]["uid"] = "job-uid"
+    return cr, job, pod
+
+
+def test_a_pod_finds_its_jobset_through_its_job(ext: Extender) -> None:
+    cr, job, pod = jobset_objects()
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext._ri_event(JOB, "ADDED", job)
+    ext.cache.pod_event("ADDED", pod)
+    uid = pod["metadata"]["uid"]
+    assert ext.gangs.key_of[uid] == f"ri:{cr['metadata']['namespace']}/llm/jobset/llm"
+
+
+def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ext: Extender) -> None:
+    """A lagging watch must never let a member be scheduled alone."""
+    cr, job, pod = jobset_objects()
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext.cache.pod_event("ADDED", pod)
+    uid = pod["metadata"]["uid"]
+    assert ext.gangs.key_of[uid].startswith("ri-wait:")
+    info = ext.cache.pods[uid]
+    answer = ext.gangs.filter(info, ["n0"])
+    assert answer is not None and answer.passed == [] and "waiting for owner" in answer.failed["n0"]
+    ext._ri_event(JOB, "ADDED", job)
+    assert ext.gangs.key_of[uid].startswith("ri:")
+
+
+def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Extender) -> None:
+    _, _, pod = jobset_objects()
+    pod["metadata"]["ownerReferences"] = [
+        {"apiVersion": "v1", "kind": "ReplicationController", "name": "x", "uid": "rc"}
+    ]
+    ext.cache.pod_event("ADDED", pod)
+    assert pod["metadata"]["uid"] not in ext.gangs.key_of
+
+
+WIDGET = {
+    "name": "Widget",
+    "group": "example.com",
+    "resourceInterfaces": [
+        {
+            "structureDefinition": {
+                "rootComponent": {
+                    "name": "widget",
+                    "kind": {"group": "example.com", "version": "v1", "kind": "Widget"},
+                    "statusDefinition": {
+                        "statusMappings": {"running": [{"byConditions": [{"type": "Ready", "status": "True"}]}]}
+                    },
+                }
+            }
+        }
+    ],
+}
+
+
+def test_configmap_entries_register_types_and_a_broken_one_keeps_the_last_good(ext: Extender) -> None:
+    warnings: list[str] = []
+    ext.workload_types.warn = warnings.append
+    key = KEY_PREFIX + "example.com.Widget.yaml"
+    ext.workload_types.sync({key: yaml.safe_dump(WIDGET)})
+    assert ext.registry.get("Widget") is not None
+    broken = copy.deepcopy(WIDGET)
+    del broken["resourceInterfaces"][0]["structureDefinition"]["rootComponent"]["kind"]["version"]
+    ext.workload_types.sync({key: yaml.safe_dump(broken)})
+    assert ext.registry.get("Widget") is not None, "the last good definition stays"
+    assert warnings and "kind.version" in warnings[0] and key in warnings[0]
+    ext.workload_types.sync({})
+    assert ext.registry.get("Widget") is None
+
+
+def test_an_empty_configmap_entry_hides_a_shipped_type(ext: Extender) -> None:
+    assert ext.registry.get("PyTorchJob") is not None
+    key = KEY_PREFIX + "kubeflow.org.PyTorchJob.yaml"
+    ext.workload_types.sync({key: ""})
+    assert ext.registry.get("PyTorchJob") is None
+    ext.workload_types.sync({})
+    assert ext.registry.get("PyTorchJob") is not None
+
+
+def test_the_api_rejects_invalid_bodies_with_every_violation_and_unknown_names(ext: Extender) -> None:
+    status, body = ext.workload_types.api(
+        "POST", "", b'{"name": "Widget", "group": "example.com", "resourceInterfaces": [{}]}'
+    )
+    assert status == 400 and body["violations"] and all("path" in v for v in body["violations"])
+    assert ext.workload_types.api("GET", "/Gadget", b"")[0] == 404
+    assert ext.workload_types.api("DELETE", "/Gadget", b"")[0] == 404
+    status, body = ext.workload_types.api("GET", "", b"")
+    assert status == 200 and {"PyTorchJob", "JobSet", "LeaderWorkerSet"} <= {t["name"] for t in body["workloadTypes"]}
