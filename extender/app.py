@@ -11,7 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from extender.verbs import Verbs
 from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
 from solver.model import Node
+from solver.params import SolverParams
 
 log = structlog.get_logger("phalanx.app")
 
@@ -61,7 +62,7 @@ class Extender:
         self.registry = Registry()
         self.ri = RISource(self.registry, lambda uid: self.cache.pods.get(uid))
         self.gangs = GangManager(
-            self.cache, self.gang_objects, lambda: self.config.solver_params(), notifier, notifier.nudge, ri=self.ri
+            self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
         )
         self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
         self.workload_types = WorkloadTypes(
@@ -133,6 +134,10 @@ class Extender:
             on_list=lambda items: self.gang_objects.replace(kind, items),
             on_event=lambda event, obj: self._definition_event(kind, event, obj),
         )
+
+    def _solver_params(self) -> SolverParams:
+        """The configured parameters, with the cluster's current workload for fragmentation."""
+        return replace(self.config.solver_params(), workload=self.verbs.workload())
 
     def _ri_event(self, gvk: GVK, event: str, obj: dict[str, Any]) -> None:
         self.ri.event(gvk, event, obj)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from solver import mig
 from solver.mig import MigSlot, MigTable
-from solver.model import FULL_SHARE, DeviceAssignment, GpuDevice, GpuKind, MigSlice, Node, PodShape
+from solver.model import FULL_SHARE, DeviceAssignment, GpuDevice, GpuKind, MigSlice, Node, PodShape, Resources
 
 UNLIMITED = 1 << 30
 
@@ -165,12 +165,15 @@ class NodeState:
         """Pods of `shape` that fit on this node as it is now."""
         return min(self.scalar_fit(shape), self.gpu_fit(shape))
 
-    def take(self, shape: PodShape, *, spread: bool = False) -> tuple[DeviceAssignment, ...] | None:
+    def take(
+        self, shape: PodShape, *, spread: bool = False, prefer: tuple[int, ...] = ()
+    ) -> tuple[DeviceAssignment, ...] | None:
         """Consume one pod of `shape`; returns its devices, or None (nothing changed) if it
-        does not fit. Shares go best-fit (fullest device that fits) unless `spread`."""
+        does not fit. Shares go best-fit (fullest device that fits) unless `spread`; `prefer`
+        names the device indices to use first (a fragmentation-aware choice)."""
         if self.capacity(shape) < 1:
             return None
-        devices = self._pick_devices(shape, spread=spread)
+        devices = self._pick_devices(shape, spread=spread, prefer=prefer)
         req = shape.requests
         self.cpu -= req.cpu_milli
         self.memory -= req.memory_mib
@@ -179,7 +182,39 @@ class NodeState:
             self.extended[key] = self.extended.get(key, 0) - value
         return devices
 
-    def _pick_devices(self, shape: PodShape, *, spread: bool) -> tuple[DeviceAssignment, ...]:
+    def as_node(self) -> Node:
+        """The free capacity as a solver `Node` (for measures that read `Node`s)."""
+        return Node(
+            self.name, Resources(self.cpu, self.memory, self.pods), gpus=tuple(d.freeze() for d in self.devices)
+        )
+
+    def _pick_devices(
+        self, shape: PodShape, *, spread: bool, prefer: tuple[int, ...] = ()
+    ) -> tuple[DeviceAssignment, ...]:
+        if prefer:
+            chosen = self._pick_preferred(shape, {index: i for i, index in enumerate(prefer)})
+            if chosen is not None:
+                return chosen
+        return self._pick_default(shape, spread=spread)
+
+    def _pick_preferred(self, shape: PodShape, rank: dict[int, int]) -> tuple[DeviceAssignment, ...] | None:
+        demand = shape.gpu
+        if demand.kind not in (GpuKind.WHOLE, GpuKind.SHARE):
+            return None
+        devices = sorted((d for d in self._devices_for(shape) if d.index in rank), key=lambda d: rank[d.index])
+        if demand.kind is GpuKind.WHOLE:
+            chosen = [d for d in devices if d.idle]
+            grants = [DeviceAssignment(d.index, FULL_SHARE, d.memory_mib) for d in chosen]
+        else:
+            chosen = [d for d in devices if d.share_fits(demand.milli, demand.memory_mib, demand.tflops) > 0]
+            grants = [DeviceAssignment(d.index, demand.milli, demand.memory_mib, tflops=demand.tflops) for d in chosen]
+        if len(chosen) < demand.count:
+            return None
+        for d, a in zip(chosen[: demand.count], grants[: demand.count], strict=True):
+            d.consume(a)
+        return tuple(grants[: demand.count])
+
+    def _pick_default(self, shape: PodShape, *, spread: bool) -> tuple[DeviceAssignment, ...]:
         demand = shape.gpu
         kind = demand.kind
         if kind is GpuKind.NONE:

@@ -7,14 +7,19 @@ whole if any member does not fit, so a solve never leaves a gang half-placed.
 
 from __future__ import annotations
 
+from solver import frag
 from solver.capacity import NodeState, clone_state
-from solver.model import ClusterSnapshot, DeviceAssignment, PodShape
+from solver.frag import WorkloadClass
+from solver.model import ClusterSnapshot, DeviceAssignment, GpuKind, PodShape
 
 
 class Ledger:
-    def __init__(self, snapshot: ClusterSnapshot, *, spread: bool = False) -> None:
+    def __init__(
+        self, snapshot: ClusterSnapshot, *, spread: bool = False, workload: tuple[WorkloadClass, ...] = ()
+    ) -> None:
         self.nodes = snapshot.nodes
         self.spread = spread
+        self.workload = workload  # with it (and not spreading), devices go where fragmentation grows least
         self.states: dict[int, NodeState] = {}
         self._saved: dict[int, NodeState | None] | None = None
 
@@ -29,7 +34,11 @@ class Ledger:
             self._saved[node] = None if state is None else clone_state(state)
         if state is None:
             state = self.states[node] = NodeState(self.nodes[node])
-        return state.take(shape, spread=self.spread)
+        prefer: tuple[int, ...] = ()
+        if self.workload and not self.spread and shape.gpu.kind in (GpuKind.SHARE, GpuKind.WHOLE):
+            verdict = frag.placement_delta(state.as_node(), shape, self.workload, fullest_on_ties=True)
+            prefer = verdict.devices if verdict.fits else ()
+        return state.take(shape, spread=self.spread, prefer=prefer)
 
     def begin(self) -> None:
         self._saved = {}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from solver.frag import WorkloadClass
+
 
 class PlacementMode(enum.Enum):
     """GPUPool placement mode: bin-pack partly used GPUs and nodes, or spread over idle ones."""
@@ -22,3 +24,6 @@ class SolverParams:
     # Fixed seed: the same input gives the same plan.
     seed: int = 0
     placement_mode: PlacementMode = PlacementMode.COMPACT_FIRST
+    # The target workload's pod classes (solver.frag): with CompactFirst, GPU devices for shares
+    # and whole GPUs are chosen where the fragmentation measure grows least. Empty: best fit.
+    workload: tuple[WorkloadClass, ...] = ()

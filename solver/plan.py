@@ -66,8 +66,8 @@ def plan(
     topo = topology or TopologyIndex(snapshot)
     problem = prepare(snapshot, requests, topo)
     spread = params.placement_mode is PlacementMode.LOW_LOAD_FIRST
-    baseline = greedy(problem, Ledger(snapshot, spread=spread))
-    hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread)), baseline)
+    baseline = greedy(problem, Ledger(snapshot, spread=spread, workload=params.workload))
+    hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread, workload=params.workload)), baseline)
     notes: list[str] = []
     if _meets_floors(problem, hint):
         placed, status, bound = hint, SolveStatus.OPTIMAL, None
@@ -79,7 +79,7 @@ def plan(
         solution = model.solve(hint)
         bound = solution.bound
         if solution.status in ("OPTIMAL", "FEASIBLE"):
-            placed, repaired = realize(problem, solution, Ledger(snapshot, spread=spread))
+            placed, repaired = realize(problem, solution, Ledger(snapshot, spread=spread, workload=params.workload))
             notes.extend(repaired)
             status = SolveStatus.OPTIMAL if solution.proven and not repaired else SolveStatus.FEASIBLE
             if _score(problem, placed) < _score(problem, hint):

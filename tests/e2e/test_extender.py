@@ -122,7 +122,9 @@ def test_fractional_pods_share_a_gpu_without_exceeding_it(extender: dict[str, Ex
     placed = [wait(f"frac-{i} bound", lambda i=i: bound(kube, f"frac-{i}")) for i in range(4)]
     used = usage_by_device(kube)
     assert all(milli <= 1000 for milli in used.values()), used
-    assert sorted(used.values()) == [300, 900], "best fit packs three shares on one device"
+    # Packed onto two devices (the fragmentation measure or best fit decides which shares go
+    # where), never spread over four.
+    assert len(used) == 2 and sum(used.values()) == 1200, used
     assert all(p["spec"]["nodeName"] == NODE for p in placed)
 
 

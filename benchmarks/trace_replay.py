@@ -1,0 +1,451 @@
+"""Trace replay: GPU allocation of Random, BestFit, FGD and Phalanx on the openb traces.
+
+Reproduces the method of the FGD paper (Weng et al., USENIX ATC'23, "Beware of Fragmentation")
+on the Alibaba openb files in shared/data/openb (see its README): the 1,213 GPU nodes, the pod
+list in a seeded random order, then pods drawn uniformly with replacement until the GPU
+request reaches 1.3 x the cluster's GPUs; pods arrive one at a time, never leave, and a pod
+that fits nowhere is skipped. After every pod, `arrived` (GPU requested so far) and `alloc`
+(GPU placed) are recorded as % of the cluster's GPUs; the table reports alloc at arrived 100 %
+and 130 %, mean ± std over seeds, next to the published runs of the paper's simulator.
+
+Policies, as the simulator (hkust-adsl/kubernetes-scheduler-simulator) defines them:
+- random: a uniformly random feasible node (and device for a share pod);
+- bestfit: max int(100 * (1 - (0.5 * cpu_left / 128 cores + 0.5 * gpu_left / 8 GPUs))) after
+  the pod, random among ties; share pods go to the fullest device that fits;
+- fgd: max int(100 * sigmoid(-ΔF / 1000)), random among ties, ΔF from `solver.frag`
+  (pod-count weights, top classes covering 95 % of the replayed pod list);
+- phalanx: the same score and tie-break over `solver.frag.Policy.PHALANX`'s ΔF, which caps
+  each class's usable share by what the node's CPU and memory can feed (see its docstring).
+CPU, memory, GPU count, per-device share and GPU model (`gpu_spec`) are hard limits.
+
+Speed: a node's ΔF for a pod shape only changes when that node changes, so deltas are cached
+per (shape, node) and only nodes touched since the shape was last scored are recomputed, with
+numpy over those nodes. Seeds × policies run in a process pool.
+
+    python -m benchmarks.trace_replay [--trace NAME | --pods FILE] [--nodes FILE]
+        [--seeds N | --quick] [--policies ...] [--plot PNG] [--no-record] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import Manager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from benchmarks.common import record
+from solver.frag import (
+    ClassTable,
+    Demand,
+    Policy,
+    WorkloadClass,
+    candidate_deltas,
+    fgd_score,
+    take_devices,
+    workload_classes,
+)
+from solver.model import FULL_SHARE
+
+DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
+DEFAULT_NODES = "openb_node_list_gpu_node.csv"
+DEFAULT_PODS = "openb_pod_list_default.csv"
+PUBLISHED = "published_analysis_allo_discrete.csv"
+PUBLISHED_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
+POLICIES = ("random", "bestfit", "fgd", "phalanx")
+INFLATION = 1.3  # the paper replays until 1.3 x the cluster's GPUs were requested
+BUCKETS = np.arange(0, 131)  # arrived %, as the published CSV's columns
+MAX_CPU, MAX_GPU = 128_000, 8 * FULL_SHARE  # the simulator's BestFit normalizers
+SEED0 = 42  # the published seeds are 42..51
+
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+# ------------------------------------------------------------------------------ the data
+
+
+@dataclass(frozen=True)
+class Cluster:
+    names: tuple[str, ...]
+    cpu: I64
+    memory: I64
+    gpus: I64  # devices per node
+    models: tuple[str, ...]
+    width: int  # most devices on one node
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return int(self.gpus.sum()) * FULL_SHARE
+
+    def free_matrix(self) -> I64:
+        free = np.zeros((len(self.names), self.width), dtype=np.int64)
+        free[np.arange(self.width)[None, :] < self.gpus[:, None]] = FULL_SHARE
+        return free
+
+
+def load_cluster(path: Path) -> Cluster:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    gpus = np.array([int(r["gpu"]) for r in rows], dtype=np.int64)
+    return Cluster(
+        names=tuple(r["sn"] for r in rows),
+        cpu=np.array([int(r["cpu_milli"]) for r in rows], dtype=np.int64),
+        memory=np.array([int(r["memory_mib"]) for r in rows], dtype=np.int64),
+        gpus=gpus,
+        models=tuple(r.get("model", "") for r in rows),
+        width=max(1, int(gpus.max())),
+    )
+
+
+def load_pods(path: Path) -> list[Demand]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    pods = []
+    for r in rows:
+        spec = (r.get("gpu_spec") or "").strip()
+        num, milli = int(r["num_gpu"]), int(r["gpu_milli"])
+        pods.append(
+            Demand(
+                cpu_milli=int(r["cpu_milli"]),
+                memory_mib=int(r["memory_mib"]),
+                num_gpu=num if milli > 0 else 0,
+                gpu_milli=milli if num > 0 else 0,
+                models=frozenset(spec.split("|")) if spec else None,
+            )
+        )
+    return pods
+
+
+def arrival_order(pods: Sequence[Demand], total_gpu_milli: int, seed: int) -> I64:
+    """The pod list shuffled, then uniform draws with replacement up to 1.3 x the GPUs."""
+    rng = np.random.default_rng(seed)
+    order = list(rng.permutation(len(pods)))
+    gpu = np.array([p.gpu_total for p in pods], dtype=np.int64)
+    requested = int(gpu.sum())
+    target = INFLATION * total_gpu_milli
+    while requested < target:
+        i = int(rng.integers(len(pods)))
+        order.append(i)
+        requested += int(gpu[i])
+    return np.array(order, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------------- the replay
+
+
+@dataclass
+class State:
+    """Mutable free capacity of every node, and a version bumped on each change."""
+
+    cpu: I64
+    memory: I64
+    free: I64
+    version: I64
+
+    @staticmethod
+    def fresh(cluster: Cluster) -> State:
+        n = len(cluster.names)
+        return State(cluster.cpu.copy(), cluster.memory.copy(), cluster.free_matrix(), np.zeros(n, dtype=np.int64))
+
+    def feasible(self, d: Demand, model_ok: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        ok = (self.cpu >= d.cpu_milli) & (self.memory >= d.memory_mib)
+        if d.uses_gpu:
+            ok &= model_ok & ((self.free >= d.gpu_milli).sum(axis=1) >= d.num_gpu)
+        return ok
+
+    def place(self, node: int, d: Demand, device: int) -> None:
+        self.cpu[node] -= d.cpu_milli
+        self.memory[node] -= d.memory_mib
+        if d.uses_gpu:
+            if device >= 0:
+                self.free[node, device] -= d.gpu_milli
+            else:
+                self.free[node] = take_devices(self.free[node : node + 1], d)[0]
+        self.version[node] += 1
+        if self.cpu[node] < 0 or self.memory[node] < 0 or self.free[node].min() < 0:
+            raise ValueError(f"node {node} over capacity after {d}")
+
+
+@dataclass
+class DeltaCache:
+    """ΔF per (shape, node, candidate), valid while the node's version is unchanged."""
+
+    access: npt.NDArray[np.bool_]
+    table: ClassTable
+    entries: dict[Demand, tuple[F64, I64]] = field(default_factory=dict)
+
+    def deltas(self, state: State, d: Demand, rows: I64) -> F64:
+        width = state.free.shape[1] if d.is_share else 1
+        if d not in self.entries:
+            self.entries[d] = (np.full((len(state.cpu), width), np.inf), np.full(len(state.cpu), -1, dtype=np.int64))
+        values, seen = self.entries[d]
+        stale = rows[seen[rows] != state.version[rows]]
+        if len(stale):
+            values[stale] = candidate_deltas(
+                state.cpu[stale], state.memory[stale], state.free[stale], self.access[stale], self.table, d
+            )
+            seen[stale] = state.version[stale]
+        return values[rows]
+
+
+Chooser = Callable[[State, Demand, "npt.NDArray[np.int64]", np.random.Generator], tuple[int, int]]
+
+
+def choose_random(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+    node = int(rows[rng.integers(len(rows))])
+    if not d.is_share:
+        return node, -1
+    devices = np.flatnonzero(state.free[node] >= d.gpu_milli)
+    return node, int(devices[rng.integers(len(devices))])
+
+
+def choose_bestfit(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+    left = (
+        0.5 * (state.cpu[rows] - d.cpu_milli) / MAX_CPU + 0.5 * (state.free[rows].sum(axis=1) - d.gpu_total) / MAX_GPU
+    )
+    score = ((1.0 - left) * 100).astype(np.int64)
+    node = int(rows[np.argmax(score)])  # ties: the first node (the simulator's smallest name)
+    if not d.is_share:
+        return node, -1
+    free = state.free[node]
+    fitting = np.where(free >= d.gpu_milli, free, FULL_SHARE + 1)
+    return node, int(np.argmin(fitting))
+
+
+def fgd_chooser(cache: DeltaCache) -> Chooser:
+    def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+        deltas = cache.deltas(state, d, rows)
+        scores = np.where(np.isinf(deltas), -1, fgd_score(deltas))  # [rows, C]; -1: no such candidate
+        node_score = scores.max(axis=1)
+        pick = int(np.argmax(node_score))  # ties: the first node (the simulator's smallest name)
+        device = int(np.argmax(scores[pick])) if d.is_share else -1
+        return int(rows[pick]), device
+
+    return choose
+
+
+@dataclass(frozen=True)
+class Run:
+    policy: str
+    seed: int
+    arrived: F64  # % of cluster GPUs after each pod
+    alloc: F64
+    seconds: float
+    pods: int
+
+    def at(self, buckets: npt.NDArray[np.int64]) -> F64:
+        """alloc % at the first pod where arrived reached each bucket (the last pod past the end)."""
+        idx = np.minimum(np.searchsorted(self.arrived, buckets - 1e-9), len(self.arrived) - 1)
+        return self.alloc[idx]
+
+
+def replay(
+    cluster: Cluster,
+    pods: Sequence[Demand],
+    classes: Sequence[WorkloadClass],
+    policy: str,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+) -> Run:
+    start = time.perf_counter()
+    rng = np.random.default_rng(seed + 7919)
+    order = arrival_order(pods, cluster.total_gpu_milli, seed)
+    state = State.fresh(cluster)
+    choose = _chooser(policy, cluster, classes)
+    model_ok: dict[frozenset[str] | None, npt.NDArray[np.bool_]] = {}
+    arrived = np.zeros(len(order))
+    alloc = np.zeros(len(order))
+    asked = placed = 0
+    for step, i in enumerate(order):
+        d = pods[int(i)]
+        if d.models not in model_ok:
+            model_ok[d.models] = np.array([d.models is None or m in d.models for m in cluster.models])
+        rows = np.flatnonzero(state.feasible(d, model_ok[d.models]))
+        asked += d.gpu_total
+        if len(rows):
+            node, device = choose(state, d, rows, rng)
+            state.place(node, d, device)
+            placed += d.gpu_total
+        arrived[step], alloc[step] = asked, placed
+        if progress is not None and step % 500 == 499:
+            progress(500)
+    if progress is not None:
+        progress(len(order) % 500)
+    scale = 100.0 / cluster.total_gpu_milli
+    return Run(policy, seed, arrived * scale, alloc * scale, time.perf_counter() - start, len(order))
+
+
+def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) -> Chooser:
+    if policy == "random":
+        return choose_random
+    if policy == "bestfit":
+        return choose_bestfit
+    p = Policy.FGD if policy == "fgd" else Policy.PHALANX
+    table = ClassTable.build(classes, p)
+    cache = DeltaCache(table.access(cluster.models), table)
+    return fgd_chooser(cache)  # one selection rule for both; the cache holds the policy's ΔF
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+def _task(args: tuple[Path, Path, str, int, Any]) -> Run:
+    nodes, pods_path, policy, seed, queue = args
+    pods = load_pods(pods_path)
+    return replay(load_cluster(nodes), pods, workload_classes(pods), policy, seed, queue.put)
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at each whole percent."""
+
+    def __init__(self, total: int, label: str) -> None:
+        self.total, self.done, self.label, self.start = total, 0, label, time.perf_counter()
+        self.shown = -1
+
+    def add(self, n: int) -> None:
+        self.done = min(self.total, self.done + n)
+        pct = int(100 * self.done / max(1, self.total))
+        if pct != self.shown:
+            self.shown = pct
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            took = time.perf_counter() - self.start
+            print(f"\r{self.label} [{bar}] {pct:3d}% {took:6.0f}s", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        print(file=sys.stderr, flush=True)
+
+
+def run_all(nodes: Path, pods_path: Path, policies: Sequence[str], seeds: Sequence[int], jobs: int) -> list[Run]:
+    cluster, pods = load_cluster(nodes), load_pods(pods_path)
+    per_run = sum(len(arrival_order(pods, cluster.total_gpu_milli, s)) for s in seeds)
+    bar = Progress(per_run * len(policies), f"{pods_path.stem}")
+    runs: list[Run] = []
+    with Manager() as manager, ProcessPoolExecutor(max_workers=jobs) as pool:
+        queue = manager.Queue()
+        futures = [pool.submit(_task, (nodes, pods_path, p, s, queue)) for p in policies for s in seeds]
+        pending = set(futures)
+        while pending:
+            while not queue.empty():
+                bar.add(queue.get())
+            finished = [f for f in pending if f.done()]
+            for f in finished:
+                runs.append(f.result())
+                pending.discard(f)
+            time.sleep(0.2)
+        while not queue.empty():
+            bar.add(queue.get())
+    bar.close()
+    return runs
+
+
+def published(trace: str) -> dict[str, F64]:
+    """Published alloc % per policy: [seeds, buckets] for `trace` (empty if not published)."""
+    path = DATA / PUBLISHED
+    if not path.exists():
+        return {}
+    out: dict[str, list[list[float]]] = {}
+    names = {v: k for k, v in PUBLISHED_NAMES.items()}
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        if r["workload"] == trace and r["sc_policy"] in names:
+            out.setdefault(names[r["sc_policy"]], []).append([float(r[str(b)]) for b in BUCKETS])
+    return {k: np.array(v) for k, v in out.items()}
+
+
+def summarize(runs: Sequence[Run], trace: str) -> tuple[str, dict[str, Any]]:
+    pub = published(trace)
+    lines = [
+        f"{'policy':<8} | {'alloc@100':>13} | {'alloc@130':>13} | {'published @100 / @130':>23} | {'s/replay':>8}",
+        "-" * 78,
+    ]
+    head: dict[str, Any] = {"trace": trace, "alloc_at_100": {}, "alloc_at_130": {}, "seconds_per_replay": {}}
+    for policy in POLICIES:
+        mine = [r for r in runs if r.policy == policy]
+        if not mine:
+            continue
+        at = np.array([r.at(BUCKETS) for r in mine])
+        m100, s100, m130, s130 = at[:, 100].mean(), at[:, 100].std(), at[:, 130].mean(), at[:, 130].std()
+        p = pub.get(policy)
+        ref = f"{p[:, 100].mean():6.2f}±{p[:, 100].std():4.2f} / {p[:, 130].mean():6.2f}" if p is not None else "n/a"
+        secs = float(np.mean([r.seconds for r in mine]))
+        lines.append(f"{policy:<8} | {m100:6.2f} ± {s100:4.2f} | {m130:6.2f} ± {s130:4.2f} | {ref:>23} | {secs:8.1f}")
+        head["alloc_at_100"][policy] = round(float(m100), 2)
+        head["alloc_at_130"][policy] = round(float(m130), 2)
+        head["seconds_per_replay"][policy] = round(secs, 1)
+    pods = max(r.pods for r in runs)
+    lines.append(f"{len({r.seed for r in runs})} seeds, up to {pods} pods per replay")
+    return "\n".join(lines), head
+
+
+def plot(runs: Sequence[Run], trace: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = dict(zip(POLICIES, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
+    for policy in POLICIES:
+        mine = [r for r in runs if r.policy == policy]
+        if mine:
+            ax.plot(BUCKETS, np.mean([r.at(BUCKETS) for r in mine], axis=0), color=colors[policy], label=policy)
+    for policy, arr in published(trace).items():
+        ax.plot(BUCKETS, arr.mean(axis=0), color=colors[policy], linestyle=":", label=f"{policy} (published)")
+    ax.plot(BUCKETS, BUCKETS, color="grey", linewidth=0.5)
+    ax.set(xlabel="arrived GPU demand (% of cluster GPUs)", ylabel="GPU allocation (%)", title=trace)
+    ax.set_xlim(60, 130)
+    ax.set_ylim(60, 100)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--nodes", type=Path, default=DATA / DEFAULT_NODES, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)"
+    )
+    ap.add_argument("--pods", type=Path, default=None, help=f"pod list CSV (default {DEFAULT_PODS})")
+    ap.add_argument(
+        "--trace", default=None, help="shorthand: openb_pod_list_<TRACE>.csv in the data folder, e.g. gpushare40"
+    )
+    ap.add_argument("--seeds", type=int, default=10, help="seeds 42.. (default 10, as the paper)")
+    ap.add_argument("--quick", action="store_true", help="3 seeds")
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
+    ap.add_argument(
+        "--plot", type=Path, default=None, help="PNG path (default ~/.cache/phalanx/trace_replay_<trace>.png)"
+    )
+    ap.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
+    args = ap.parse_args(argv)
+    pods_path = args.pods or DATA / (f"openb_pod_list_{args.trace}.csv" if args.trace else DEFAULT_PODS)
+    trace = pods_path.stem
+    seeds = list(range(SEED0, SEED0 + (3 if args.quick else args.seeds)))
+    runs = run_all(args.nodes, pods_path, args.policies, seeds, args.jobs)
+    table, head = summarize(runs, trace)
+    png = args.plot or Path.home() / ".cache" / "phalanx" / f"trace_replay_{trace}.png"
+    plot(runs, trace, png)
+    print(table)
+    print(f"plot: {png}")
+    if not args.no_record:
+        body = f"Nodes `{args.nodes.name}`, pods `{pods_path.name}`, {args.jobs} worker processes.\n\n```\n{table}\n```"
+        record(f"trace_replay {trace}", body, head)
+    print(json.dumps(head, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

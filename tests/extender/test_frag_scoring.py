@@ -1,0 +1,67 @@
+"""Fragmentation-aware scoring in the extender: the node where the target workload's
+fragmentation grows least gets 10, ties go to the first node by name, and bind takes the
+devices the measure chose."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from extender.app import Extender, Options
+from extender.objects import DEVICES_ANNOTATION, encode_devices
+from solver.model import DeviceAssignment
+from tests.extender.fakes import FakeKube, node, pod
+
+
+def share(name: str, milli: int, node_name: str = "", devices: str | None = None) -> dict:  # type: ignore[type-arg]
+    annotations = {"gpu-fraction": str(milli / 1000)}
+    if devices:
+        annotations[DEVICES_ANNOTATION] = devices
+    return pod(name, annotations=annotations, node_name=node_name, phase="Running" if node_name else "Pending")
+
+
+@pytest.fixture
+def ext() -> Iterator[Extender]:
+    kube = FakeKube()
+    extender = Extender(kube, Options(port=0))
+    extender.server.server_close()
+    # a0 has a GPU with 0.5 used; b0 and c0 are idle. The workload: half-GPU and whole-GPU pods.
+    extender.cache.replace_nodes([node("a0", gpus=2), node("b0", gpus=2), node("c0", gpus=2)])
+    used = encode_devices((DeviceAssignment(1, 500, 0),))
+    pods = [share("run", 500, "a0", used)] + [share(f"q{i}", 500) for i in range(5)]
+    pods += [pod(f"w{i}", gpus=1) for i in range(4)]
+    for p in pods:
+        kube.pods[f"default/{p['metadata']['name']}"] = p
+    extender.cache.replace_pods(pods)
+    yield extender
+
+
+def scores(ext: Extender, obj: dict, names: list[str]) -> dict[str, int]:  # type: ignore[type-arg]
+    reply = orjson.loads(orjson.dumps(ext.verbs.prioritize({"Pod": obj, "NodeNames": names})))
+    return {e["Host"]: e["Score"] for e in reply}
+
+
+def test_the_half_used_gpu_is_filled_first(ext: Extender) -> None:
+    """A half-GPU pod on a0's half-used GPU leaves no fragment; on an idle GPU it leaves one."""
+    assert ext.verbs.workload(), "the cache's pods define the target workload"
+    got = scores(ext, share("q0", 500), ["c0", "b0", "a0"])
+    assert got.get("a0") == 10 and got.get("b0", 0) < 10 and got.get("c0", 0) < 10
+
+
+def test_equal_nodes_tie_to_the_first_name(ext: Extender) -> None:
+    got = scores(ext, share("q0", 500), ["c0", "b0"])
+    assert got.get("b0") == 10 and got.get("c0", 0) < 10
+
+
+def test_bind_takes_the_device_the_measure_chose(ext: Extender) -> None:
+    """On a0 the half-used GPU 1, not idle GPU 0: cutting GPU 0 in half would strand it for
+    the whole-GPU pods of the workload."""
+    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "q1", "PodUID": "uid-q1", "Node": "a0"})
+    assert reply == {"Error": ""}
+    kube = ext.kube
+    assert isinstance(kube, FakeKube)
+    (entry,) = json.loads(kube.pods["default/q1"]["metadata"]["annotations"][DEVICES_ANNOTATION])
+    assert entry["index"] == 1 and entry["milli"] == 500
