@@ -179,6 +179,12 @@ class GpuConfig(_Strict):
         description="GPU pools: named node sets with their own placement mode, GPU model filter, TFLOPs "
         "oversubscription and QoS priorities. A node belongs to the first pool whose selector matches.",
     )
+    fragmentation_scoring: bool = Field(
+        True,
+        alias="fragmentationScoring",
+        description="With CompactFirst, score nodes and pick devices by how much the cluster's own workload "
+        "(the classes of its pods) fragments (solver/frag.py); false: plain best fit.",
+    )
     dynamic_mig_label: str = Field(
         "phalanx.io/mig-mode=dynamic",
         alias="dynamicMigLabel",

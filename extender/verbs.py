@@ -234,6 +234,8 @@ class Verbs:
     def workload(self) -> tuple[frag.WorkloadClass, ...]:
         """The target workload for fragmentation: the classes of the pods the cache holds,
         recomputed at most every 10 s (it drifts slowly; each recomputation is O(pods))."""
+        if not self.config.gpu.fragmentation_scoring:
+            return ()
         now = time.monotonic()
         if now - self._workload_at < 10:
             return self._workload

@@ -65,3 +65,10 @@ def test_bind_takes_the_device_the_measure_chose(ext: Extender) -> None:
     assert isinstance(kube, FakeKube)
     (entry,) = json.loads(kube.pods["default/q1"]["metadata"]["annotations"][DEVICES_ANNOTATION])
     assert entry["index"] == 1 and entry["milli"] == 500
+
+
+def test_fragmentation_scoring_can_be_turned_off(ext: Extender) -> None:
+    from extender.config import parse
+
+    ext.apply(parse("gpu: {fragmentationScoring: false}", source="test"))
+    assert ext.verbs.workload() == ()
