@@ -184,7 +184,7 @@ class Extender:
         members: dict[str, list[Node]] = {p.name: [] for p in hardware.pools}
         members["-"] = []
         for node in self.cache.snapshot().nodes:
-            pool = hardware.pool_of(node.name, dict(node.labels))
+            pool = hardware.pool_of(node.name, node.labels)
             members[pool.name if pool is not None else "-"].append(node)
         out = [pools.summary(hardware.by_name.get(name), name, nodes) for name, nodes in members.items()]
         wanted = rest.strip("/")
@@ -238,6 +238,8 @@ class Extender:
                 self.gangs.sweep()
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up
+                if ticks % 10 == 1:
+                    self.verbs.refresh_workload()  # the fragmentation measure's target workload
             except Exception:
                 log.exception("periodic sweep failed")
 

@@ -21,7 +21,7 @@ import structlog
 
 from extender.config import GpuConfig
 from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info
-from extender.pools import Hardware
+from extender.pools import Hardware, Pool
 from solver.capacity import DeviceState, NodeState
 from solver.model import (
     ClusterSnapshot,
@@ -178,10 +178,13 @@ class Cache:
                 return None, self.epoch, len(self._changes)
             return self._changes[cursor:], epoch, len(self._changes)
 
-    def gpu_models(self) -> frozenset[str]:
-        """Every GPU model the cluster's nodes have shown (pool model filters resolve to these)."""
+    def pool_models(self, pool: Pool) -> frozenset[str] | None:
+        """The GPU models of the cluster `pool` allows (its filters match substrings of the
+        models nodes have shown); None when it allows every model."""
+        if not pool.model_filters:
+            return None
         with self.lock:
-            return frozenset(self._models_seen)
+            return pool.models(self._models_seen)
 
     # ------------------------------------------------------------------ assume
 

@@ -82,10 +82,6 @@ class DynamicWatches:
             self.pending |= set(self.running)
             self.running.clear()
 
-    def listed(self) -> bool:
-        with self.lock:
-            return all(r.listed.is_set() for r in self.running.values())
-
     def _path(self, gvk: GVK) -> str | None:
         base = f"/apis/{gvk.group}/{gvk.version}" if gvk.group else f"/api/{gvk.version}"
         try:

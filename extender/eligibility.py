@@ -7,14 +7,14 @@ rules itself (the subset of kube-scheduler's plugins that decides *where* a pod 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 JSON = dict[str, Any]
 HARD_EFFECTS = ("NoSchedule", "NoExecute")
 
 
-def matches(node_name: str, labels: dict[str, str], taints: Iterable[tuple[str, str, str]], pod_spec: JSON) -> bool:
+def matches(node_name: str, labels: Mapping[str, str], taints: Iterable[tuple[str, str, str]], pod_spec: JSON) -> bool:
     selector = pod_spec.get("nodeSelector") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return False
@@ -24,7 +24,7 @@ def matches(node_name: str, labels: dict[str, str], taints: Iterable[tuple[str, 
     return all(_tolerated(t, tolerations) for t in taints if t[2] in HARD_EFFECTS)
 
 
-def _affinity(node_name: str, labels: dict[str, str], pod_spec: JSON) -> bool:
+def _affinity(node_name: str, labels: Mapping[str, str], pod_spec: JSON) -> bool:
     required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or {}
@@ -34,7 +34,7 @@ def _affinity(node_name: str, labels: dict[str, str], pod_spec: JSON) -> bool:
     return any(term_matches(node_name, labels, term) for term in terms)
 
 
-def term_matches(node_name: str, labels: dict[str, str], term: JSON) -> bool:
+def term_matches(node_name: str, labels: Mapping[str, str], term: JSON) -> bool:
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
     if not expressions and not fields:

@@ -187,7 +187,7 @@ def pod_info(obj: JSON) -> PodInfo:
         pool=pool,
         qos=annotation(annotations, QOS_ANNOTATIONS),
         owners=owner_refs(meta),
-        obj=obj,
+        obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
     )
 
 

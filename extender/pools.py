@@ -14,7 +14,7 @@ solver's devices: TFLOPs capacity per device is the model's rating times the poo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,7 @@ class Pool:
             default_qos=spec.qos_config.default_qos,
         )
 
-    def contains(self, name: str, labels: dict[str, str]) -> bool:
+    def contains(self, name: str, labels: Mapping[str, str]) -> bool:
         return any(term_matches(name, labels, t) for t in self.terms)
 
     def allows_model(self, model: str) -> bool:
@@ -97,7 +97,7 @@ class Hardware:
     def __hash__(self) -> int:
         return hash(self._key)
 
-    def pool_of(self, name: str, labels: dict[str, str]) -> Pool | None:
+    def pool_of(self, name: str, labels: Mapping[str, str]) -> Pool | None:
         return next((p for p in self.pools if p.contains(name, labels)), None)
 
     def tflops(self, model: str, pool: Pool | None) -> int:
@@ -106,7 +106,7 @@ class Hardware:
         rating = next((t for match, t in self.models if match in lowered), 0)
         return rating * (pool.oversell_percent if pool is not None else 100) // 100
 
-    def partition(self, model: str, labels: dict[str, str]) -> MigTable | None:
+    def partition(self, model: str, labels: Mapping[str, str]) -> MigTable | None:
         """The MIG table Phalanx cuts this node's GPUs by, if the node is marked dynamic-MIG
         and its model has a table (config/mig-profiles.yaml)."""
         key, value = self.dynamic_mig_label

@@ -29,7 +29,7 @@ from extender.objects import PodInfo, pod_info
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from solver import frag, single
 from solver.capacity import NodeState
-from solver.model import GpuKind, Node, PodShape
+from solver.model import GpuKind, PodShape
 from solver.params import PlacementMode
 
 log = structlog.get_logger("phalanx.verbs")
@@ -53,6 +53,7 @@ class _Memo:
     failed: dict[str, str] = field(default_factory=dict)
     scores: dict[str, int] = field(default_factory=dict)
     deltas: dict[str, float] = field(default_factory=dict)  # fragmentation growth per node
+    workload_generation: int = -1  # the target workload `deltas` were measured against
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sync(self, cache: Cache) -> None:
@@ -92,7 +93,7 @@ class Verbs:
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
         self._workload: tuple[frag.WorkloadClass, ...] = ()
-        self._workload_at = -math.inf
+        self._workload_generation = 0
 
     # ------------------------------------------------------------------ filter
 
@@ -145,7 +146,7 @@ class Verbs:
         pool = hardware.by_name.get(pod.pool)
         if pool is None:
             return _Ask(PodShape(pod.requests, pod.demand), None, mode, f"{UNKNOWN_POOL}: {pod.pool!r}")
-        models = pool.models(self.cache.gpu_models())
+        models = self.cache.pool_models(pool)
         return _Ask(PodShape(pod.requests, pod.demand, gpu_models=models), pool, pool.mode)
 
     def _check(self, memo: _Memo, name: str, ask: _Ask) -> None:
@@ -153,7 +154,7 @@ class Verbs:
         memo.checked.add(name)
         if node is None:
             memo.failed[name] = NOT_IN_CACHE
-        elif ask.pool is not None and not ask.pool.contains(name, dict(node.labels)):
+        elif ask.pool is not None and not ask.pool.contains(name, node.labels):
             memo.failed[name] = f"{NOT_IN_POOL} {ask.pool.name}"
         elif not single.fits(node, ask.shape):
             memo.failed[name] = single.reason(node, ask.shape)
@@ -215,6 +216,9 @@ class Verbs:
         scale down to 0 with their growth."""
         with memo.lock:
             memo.sync(self.cache)
+            if memo.workload_generation != self._workload_generation:
+                memo.deltas.clear()
+                memo.workload_generation = self._workload_generation
             known = memo.deltas
             for name in names:
                 if name not in known:
@@ -232,19 +236,19 @@ class Verbs:
         return [self._host_score(n, s) for n, s in scores.items() if s > 0]
 
     def workload(self) -> tuple[frag.WorkloadClass, ...]:
-        """The target workload for fragmentation: the classes of the pods the cache holds,
-        recomputed at most every 10 s (it drifts slowly; each recomputation is O(pods))."""
-        if not self.config.gpu.fragmentation_scoring:
-            return ()
-        now = time.monotonic()
-        if now - self._workload_at < 10:
-            return self._workload
+        """The target workload for fragmentation (empty when fragmentation scoring is off)."""
+        return self._workload if self.config.gpu.fragmentation_scoring else ()
+
+    def refresh_workload(self) -> None:
+        """Recompute the target workload: the classes of the pods the cache holds. O(pods), so
+        it runs on the extender's periodic sweep, never inside a verb; it drifts slowly."""
         with self.cache.lock:
             shapes = [PodShape(p.requests, p.demand) for p in self.cache.pods.values() if p.active and not p.error]
         demands = [frag.demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
-        self._workload = frag.workload_classes(demands) if demands else ()
-        self._workload_at = now
-        return self._workload
+        workload = frag.workload_classes(demands) if demands else ()
+        if workload != self._workload:
+            self._workload = workload
+            self._workload_generation += 1
 
     def _host_score(self, host: str, score: int) -> orjson.Fragment:
         """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
@@ -258,7 +262,7 @@ class Verbs:
 
     def _memo_for(self, ask: _Ask) -> _Memo:
         pool = ask.pool.name if ask.pool is not None else ""
-        key = (ask.shape.requests, ask.shape.gpu, ask.shape.gpu_models, ask.mode, pool, hash(self._workload))
+        key = (ask.shape.requests, ask.shape.gpu, ask.shape.gpu_models, ask.mode, pool)
         with self._memo_lock:
             memo = self._memo.get(key)
             if memo is None:
@@ -322,20 +326,10 @@ class Verbs:
                 devices: tuple[Any, ...] | None = ()
             else:
                 spread = ask.mode is PlacementMode.LOW_LOAD_FIRST
-                devices = NodeState(model).take(ask.shape, spread=spread, prefer=self._frag_devices(model, ask))
+                devices = NodeState(model).take(ask.shape, spread=spread, workload=self.workload())
             if devices is not None:
                 self.cache.assume(pod.uid, node, devices)
             return devices
-
-    def _frag_devices(self, node: Node, ask: _Ask) -> tuple[int, ...]:
-        """With CompactFirst, the devices where the target workload's fragmentation grows least."""
-        workload = self.workload()
-        if not workload or ask.mode is not PlacementMode.COMPACT_FIRST:
-            return ()
-        if ask.shape.gpu.kind not in (GpuKind.SHARE, GpuKind.WHOLE):
-            return ()
-        verdict = frag.placement_delta(node, ask.shape, workload, fullest_on_ties=True)
-        return verdict.devices if verdict.fits else ()
 
     def _pod_by_uid(self, uid: str, namespace: str, name: str) -> PodInfo | None:
         with self.cache.lock:

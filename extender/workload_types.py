@@ -116,19 +116,19 @@ class WorkloadTypes:
     # ------------------------------------------------------------------ HTTP
 
     def api(self, method: str, rest: str, body: bytes) -> tuple[int, Any]:
-        name, group = unquote(rest.strip("/")), None
+        name = unquote(rest.strip("/"))
         if method == "GET":
-            return self._get(name, group)
+            return self._get(name)
         if method == "POST" and not name:
             return self._post(body)
         if method == "DELETE" and name:
-            return self._delete(name, group)
+            return self._delete(name)
         return 405, {"error": f"{method} is not supported on /api/v1/workload-types{rest}"}
 
-    def _get(self, name: str, group: str | None) -> tuple[int, Any]:
+    def _get(self, name: str) -> tuple[int, Any]:
         if not name:
             return 200, {"workloadTypes": [_describe(wt) for wt in self.registry.list()]}
-        wt = self.registry.get(name, group)
+        wt = self.registry.get(name)
         if wt is None:
             return 404, {"error": f"no workload type {name!r}"}
         return 200, _describe(wt)
@@ -158,8 +158,8 @@ class WorkloadTypes:
         log.info("workload type registered", name=wt.name, group=wt.group, versions=wt.versions())
         return (200 if replaced is not None else 201), _describe(wt)
 
-    def _delete(self, name: str, group: str | None) -> tuple[int, Any]:
-        wt = self.registry.get(name, group)
+    def _delete(self, name: str) -> tuple[int, Any]:
+        wt = self.registry.get(name)
         if wt is None:
             return 404, {"error": f"no workload type {name!r}"}
         key = KEY_PREFIX + wt.configmap_key

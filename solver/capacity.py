@@ -10,9 +10,11 @@ count per-device fits, MIG counts free slices of the profile.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from solver import mig
+from solver import frag, mig
+from solver.frag import WorkloadClass
 from solver.mig import MigSlot, MigTable
 from solver.model import FULL_SHARE, DeviceAssignment, GpuDevice, GpuKind, MigSlice, Node, PodShape, Resources
 
@@ -87,16 +89,11 @@ class DeviceState:
         by_tflops = self.free_tflops // tflops if tflops else UNLIMITED
         return max(0, min(by_share, by_memory, by_tflops))
 
-    @property
-    def dynamic(self) -> bool:
-        """Can cut (more) MIG slices: partitionable, and idle or already in MIG mode."""
-        return self.partition is not None and (bool(self.layout) or self.idle)
-
     def mig_count(self, profile: str) -> int:
         """Slices of `profile` still available: static free slices plus what a dynamic
         partition can still cut."""
         static = self.mig.get(profile, 0)
-        if self.partition is not None and self.dynamic:
+        if self.partition is not None and (self.layout or self.idle):
             return static + mig.capacity(self.partition, self.layout, profile)
         return static
 
@@ -166,13 +163,15 @@ class NodeState:
         return min(self.scalar_fit(shape), self.gpu_fit(shape))
 
     def take(
-        self, shape: PodShape, *, spread: bool = False, prefer: tuple[int, ...] = ()
+        self, shape: PodShape, *, spread: bool = False, workload: Sequence[WorkloadClass] = ()
     ) -> tuple[DeviceAssignment, ...] | None:
         """Consume one pod of `shape`; returns its devices, or None (nothing changed) if it
-        does not fit. Shares go best-fit (fullest device that fits) unless `spread`; `prefer`
-        names the device indices to use first (a fragmentation-aware choice)."""
+        does not fit. Shares go best-fit (fullest device that fits) unless `spread`; with a
+        target `workload` (and not spreading), whole and share pods take the devices where its
+        fragmentation grows least (`frag.preferred_devices`)."""
         if self.capacity(shape) < 1:
             return None
+        prefer = frag.preferred_devices(self.as_node(), shape, workload) if workload and not spread else ()
         devices = self._pick_devices(shape, spread=spread, prefer=prefer)
         req = shape.requests
         self.cpu -= req.cpu_milli
@@ -251,11 +250,11 @@ class NodeState:
                 d.consume(a)
                 out.append(a)
         while len(out) < count:
-            cuttable = [d for d in devices if d.partition is not None and d.dynamic]
-            choice = mig.best_device([mig.MigDevice(d.partition, d.layout) for d in cuttable if d.partition], profile)
+            cuttable = [(d, d.partition) for d in devices if d.partition is not None and (d.layout or d.idle)]
+            choice = mig.best_device([mig.MigDevice(table, d.layout) for d, table in cuttable], profile)
             if choice is None:
                 break
-            device = cuttable[choice.index]
+            device = cuttable[choice.index][0]
             for slot in choice.slots:
                 a = DeviceAssignment(device.index, 0, 0, profile, mig_start=slot.start)
                 device.consume(a)
@@ -264,9 +263,6 @@ class NodeState:
 
     def idle_gpus(self) -> int:
         return sum(1 for d in self.devices if d.idle)
-
-    def free_share(self) -> int:
-        return sum(d.free_milli for d in self.devices if not d.mig and not d.layout)
 
 
 def _multi_device_fit(fits: list[int], per_pod: int) -> int:

@@ -7,10 +7,9 @@ whole if any member does not fit, so a solve never leaves a gang half-placed.
 
 from __future__ import annotations
 
-from solver import frag
 from solver.capacity import NodeState, clone_state
 from solver.frag import WorkloadClass
-from solver.model import ClusterSnapshot, DeviceAssignment, GpuKind, PodShape
+from solver.model import ClusterSnapshot, DeviceAssignment, PodShape
 
 
 class Ledger:
@@ -34,11 +33,7 @@ class Ledger:
             self._saved[node] = None if state is None else clone_state(state)
         if state is None:
             state = self.states[node] = NodeState(self.nodes[node])
-        prefer: tuple[int, ...] = ()
-        if self.workload and not self.spread and shape.gpu.kind in (GpuKind.SHARE, GpuKind.WHOLE):
-            verdict = frag.placement_delta(state.as_node(), shape, self.workload, fullest_on_ties=True)
-            prefer = verdict.devices if verdict.fits else ()
-        return state.take(shape, spread=self.spread, prefer=prefer)
+        return state.take(shape, spread=self.spread, workload=self.workload)
 
     def begin(self) -> None:
         self._saved = {}

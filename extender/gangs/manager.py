@@ -284,19 +284,18 @@ class GangManager:
         anchor: frozenset[NodeName] | None,
     ) -> PodShape:
         """Members' shape: eligibility (selector, affinity, taints, GPU pool) within the anchor."""
-        allowed = self._allowed(snapshot, placement, anchor)
-        pool_name = orjson.loads(placement).get("gpuPool", "") if placement else ""
+        spec = orjson.loads(placement) if placement else {}
+        allowed = self._allowed(snapshot, spec, anchor)
+        pool_name = spec.get("gpuPool", "")
         if not pool_name:
             return PodShape(req, demand, allowed_nodes=allowed)
         pool = self.cache.hardware.by_name.get(pool_name)
         if pool is None:  # an undefined pool: no node qualifies, the explanation says why
             return PodShape(req, demand, allowed_nodes=frozenset())
         in_pool = frozenset(
-            n.name
-            for n in snapshot.nodes
-            if (allowed is None or n.name in allowed) and pool.contains(n.name, dict(n.labels))
+            n.name for n in snapshot.nodes if (allowed is None or n.name in allowed) and pool.contains(n.name, n.labels)
         )
-        return PodShape(req, demand, allowed_nodes=in_pool, gpu_models=pool.models(self.cache.gpu_models()))
+        return PodShape(req, demand, allowed_nodes=in_pool, gpu_models=self.cache.pool_models(pool))
 
     def _qos_priority(self, pod: PodInfo) -> int:
         pool = self.cache.hardware.by_name.get(pod.pool) if pod.pool else None
@@ -343,17 +342,16 @@ class GangManager:
 
     @staticmethod
     def _allowed(
-        snapshot: ClusterSnapshot, placement: str, anchor: frozenset[NodeName] | None
+        snapshot: ClusterSnapshot, spec: dict[str, Any], anchor: frozenset[NodeName] | None
     ) -> frozenset[NodeName] | None:
         """Nodes the members' nodeSelector, required affinity and tolerations allow, within the
         anchor domain; None for "every node"."""
-        if not placement:
+        if not spec:
             return anchor
-        spec = orjson.loads(placement)
         allowed = frozenset(
             n.name
             for n in snapshot.nodes
-            if (anchor is None or n.name in anchor) and matches(n.name, dict(n.labels), _taints(n.taints), spec)
+            if (anchor is None or n.name in anchor) and matches(n.name, n.labels, _taints(n.taints), spec)
         )
         return allowed
 

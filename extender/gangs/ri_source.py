@@ -24,12 +24,11 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from extender.gangs.sources import DEFAULT_TIMEOUT_S, JSON, KAI_PREFERRED, KAI_REQUIRED, GangSpec, Resolution
+from extender.gangs.sources import DEFAULT_TIMEOUT_S, JSON, GangSpec, Resolution, kai_topology
 from extender.objects import OwnerRef, PodInfo, owner_refs
 from extender.ri.interface import ResourceInterface
 from extender.ri.model import GVK, ComponentDef
 from extender.ri.registry import Registry
-from solver.model import TopologyRequest
 
 PREFIX = "ri:"
 WAITING_PREFIX = "ri-wait:"
@@ -161,9 +160,6 @@ class RISource:
         sizing = self._size(ri, root, key, members)
         if sizing is None:
             return Resolution(key, None, f"{ref.kind} {pod.namespace}/{ref.name}: no gang for this pod")
-        topology = TopologyRequest(
-            required=pod.annotations.get(KAI_REQUIRED, ""), preferred=pod.annotations.get(KAI_PREFERRED, "")
-        )
         meta = root.get("metadata") or {}
         spec = GangSpec(
             key=key,
@@ -177,7 +173,7 @@ class RISource:
             min_count=sizing.min_count,
             count=sizing.expected,
             timeout_s=DEFAULT_TIMEOUT_S,
-            topology=topology,
+            topology=kai_topology(pod.annotations),
         )
         return Resolution(key, spec)
 

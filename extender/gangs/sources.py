@@ -107,10 +107,15 @@ def resolve(
     else:
         return None
     if res.spec is not None and not res.spec.topology.any:
-        kai = TopologyRequest(required=annotations.get(KAI_REQUIRED, ""), preferred=annotations.get(KAI_PREFERRED, ""))
+        kai = kai_topology(annotations)
         if kai.any:
             res = Resolution(res.key, replace(res.spec, topology=kai), res.reason)
     return res
+
+
+def kai_topology(annotations: dict[str, str]) -> TopologyRequest:
+    """Topology from KAI-style pod annotations (for gangs whose definition names none)."""
+    return TopologyRequest(required=annotations.get(KAI_REQUIRED, ""), preferred=annotations.get(KAI_PREFERRED, ""))
 
 
 def _owner(obj: JSON, api_version: str, kind: str) -> JSON:

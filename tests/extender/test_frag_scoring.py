@@ -36,6 +36,7 @@ def ext() -> Iterator[Extender]:
     for p in pods:
         kube.pods[f"default/{p['metadata']['name']}"] = p
     extender.cache.replace_pods(pods)
+    extender.verbs.refresh_workload()  # the periodic sweep does this in a running extender
     yield extender
 
 

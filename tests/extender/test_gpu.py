@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from extender.gpu import DemandError, demand
+from extender.objects import pod_info
 from solver.capacity import NodeState
 from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
 
@@ -191,6 +192,7 @@ def test_every_spelling_gives_the_same_placement(request_name: str, free: list[i
     node = Node(NodeName("n"), Resources(64_000, 1 << 20, 110), gpus=gpus)
     placements = set()
     for obj in SAME_REQUEST[request_name]:
-        shape = PodShape(Resources(pods=1), demand(obj))
+        info = pod_info(obj)  # the extender's own parsing: scalar requests and GPU demand
+        shape = PodShape(info.requests, info.demand)
         placements.add(NodeState(node).take(shape, spread=seed % 2 == 1))
     assert len(placements) == 1

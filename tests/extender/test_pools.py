@@ -20,7 +20,7 @@ from extender.config import ConfigError, GpuConfig, parse
 from extender.objects import DEVICES_ANNOTATION, decode_devices
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Hardware
 from solver.capacity import NodeState
-from solver.model import GpuDemand, Node, NodeName, PodShape, Resources
+from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
 from tests.extender.fakes import FakeKube, node, pod
 from tests.extender.test_server import call
 
@@ -83,7 +83,10 @@ def test_tflops_capacity_is_the_rating_times_the_pool_ratio(ext: Extender) -> No
 def test_unrated_models_do_not_take_tflops_requests() -> None:
     hardware = Hardware(GpuConfig())
     assert hardware.tflops("NVIDIA-Mystery-9000", None) == 0
-    node = Node(NodeName("n"), Resources(1000, 1000, 10))
+    rating = hardware.tflops("NVIDIA-Mystery-9000", None)
+    node = Node(
+        NodeName("n"), Resources(1000, 1000, 10), gpus=(GpuDevice(0, "NVIDIA-Mystery-9000", 81920, tflops=rating),)
+    )
     assert NodeState(node).capacity(PodShape(gpu=GpuDemand.share(tflops=1000))) == 0
 
 
