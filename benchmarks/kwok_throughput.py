@@ -96,9 +96,7 @@ class BindWatch:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            listing = self.kube.request(
-                "GET", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": self.selector}
-            )
+            listing = self.kube.request("GET", f"/api/v1/namespaces/{NS}/pods", query={"labelSelector": self.selector})
             rv = listing.body["metadata"]["resourceVersion"]
             for p in listing.body["items"]:
                 if p["spec"].get("nodeName"):
@@ -170,9 +168,7 @@ def one_round(
     if mode == "phalanx":
         http_json("DELETE", f"{ext_url}/api/v1/stats")
     started = time.monotonic()
-    cluster.restart_scheduler(
-        ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler]
-    )
+    cluster.restart_scheduler(ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler])
     deadline = started + max(300, pods / 5)
     while len(watch.bound) < pods and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -253,9 +249,7 @@ def main() -> None:
         for i in range(rounds):
             for mode in ("vanilla", "phalanx"):
                 r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url)
-                print(
-                    f"round {i} {mode:8} bound {r['bound']}/{pods}  {r['pods_per_s']:.1f} pods/s", flush=True
-                )
+                print(f"round {i} {mode:8} bound {r['bound']}/{pods}  {r['pods_per_s']:.1f} pods/s", flush=True)
                 results.append(r)
         paced = paced_round(
             cluster, kube, rate_per_s=args.paced_rate, seconds=10 if args.quick else 30, ext_url=ext_url

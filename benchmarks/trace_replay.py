@@ -56,6 +56,7 @@ from solver.frag import (
     workload_classes,
 )
 from solver.model import FULL_SHARE
+from solver.packing import Packer, PackingPlan
 
 DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
@@ -225,12 +226,64 @@ def choose_bestfit(state: State, d: Demand, rows: I64, rng: np.random.Generator)
 
 def fgd_chooser(cache: DeltaCache) -> Chooser:
     def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
-        deltas = cache.deltas(state, d, rows)
-        scores = np.where(np.isinf(deltas), -1, fgd_score(deltas))  # [rows, C]; -1: no such candidate
-        node_score = scores.max(axis=1)
-        pick = int(np.argmax(node_score))  # ties: the first node (the simulator's smallest name)
-        device = int(np.argmax(scores[pick])) if d.is_share else -1
+        return _best(cache.deltas(state, d, rows), rows, d)
+
+    return choose
+
+
+def _best(deltas: F64, rows: I64, d: Demand) -> tuple[int, int]:
+    """The candidate of best FGD score; ties: the first node (the simulator's smallest name),
+    then the lowest device."""
+    scores = np.where(np.isinf(deltas), -1, fgd_score(deltas))  # [rows, C]; -1: no such candidate
+    if d.is_share:
+        pick, device = divmod(int(np.argmax(scores)), scores.shape[1])
         return int(rows[pick]), device
+    return int(rows[int(np.argmax(scores[:, 0]))]), -1
+
+
+def phalanx_chooser(cache: DeltaCache, packer: Packer) -> Chooser:
+    """Phalanx's policy: the capped measure's score, with share pods following the packing
+    plan (solver.packing): join a device awaiting the pod's size, else open an idle device
+    on a node with headroom for the pattern's other members, else the best score anywhere.
+    Every pod first avoids nodes where it would eat into reservations, when it can."""
+
+    def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+        size = d.gpu_milli if d.is_share and packer.plan.knows(d.gpu_milli) else 0
+        cpu_after, mem_after = state.cpu[rows] - d.cpu_milli, state.memory[rows] - d.memory_mib
+        res_cpu, res_mem = np.zeros(len(rows)), np.zeros(len(rows))
+        for node, cpu, mem in packer.reservations():
+            at = np.searchsorted(rows, node)
+            if at < len(rows) and rows[at] == node:
+                res_cpu[at], res_mem[at] = cpu, mem
+        keeps = (cpu_after >= res_cpu - 1e-6) & (mem_after >= res_mem - 1e-6)
+        if size:  # its own device's reservation is its to take
+            keeps |= (cpu_after >= res_cpu - packer.plan.cpu[size] - 1e-6) & (
+                mem_after >= res_mem - packer.plan.memory[size] - 1e-6
+            )
+        if keeps.any() and not keeps.all():
+            rows, cpu_after, mem_after = rows[keeps], cpu_after[keeps], mem_after[keeps]
+            res_cpu, res_mem = res_cpu[keeps], res_mem[keeps]
+        deltas = cache.deltas(state, d, rows)
+        if not size:
+            return _best(deltas, rows, d)
+        join = np.full(deltas.shape, np.inf)
+        for node, device in packer.awaiting(size):
+            at = np.searchsorted(rows, node)
+            if at < len(rows) and rows[at] == node:
+                join[at, device] = deltas[at, device]
+        if np.isfinite(join).any():
+            node, device = _best(join, rows, d)
+            packer.placed(node, device, size, fresh=False)
+            return node, device
+        need_cpu, need_mem = packer.opening_need(size)
+        room = (cpu_after - res_cpu >= need_cpu) & (mem_after - res_mem >= need_mem)
+        fresh = np.where((state.free[rows] == FULL_SHARE) & room[:, None], deltas, np.inf)
+        if np.isfinite(fresh).any():
+            node, device = _best(fresh, rows, d)
+        else:
+            node, device = _best(deltas, rows, d)
+        packer.placed(node, device, size, fresh=bool(state.free[node, device] == FULL_SHARE))
+        return node, device
 
     return choose
 
@@ -294,7 +347,9 @@ def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) ->
     p = Policy.FGD if policy == "fgd" else Policy.PHALANX
     table = ClassTable.build(classes, p)
     cache = DeltaCache(table.access(cluster.models), table)
-    return fgd_chooser(cache)  # one selection rule for both; the cache holds the policy's ΔF
+    if p is Policy.FGD:
+        return fgd_chooser(cache)
+    return phalanx_chooser(cache, Packer(PackingPlan.build(classes)))
 
 
 # --------------------------------------------------------------------------- the driver

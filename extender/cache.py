@@ -24,6 +24,7 @@ from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info
 from extender.pools import Hardware, Pool
 from solver.capacity import DeviceState, NodeState
 from solver.model import (
+    FULL_SHARE,
     ClusterSnapshot,
     DeviceAssignment,
     GpuKind,
@@ -272,6 +273,20 @@ class Cache:
             unschedulable=info.unschedulable,
         )
         return _infer_devices(node, unplaced) if unplaced else node
+
+    def share_contents(self, node: str) -> dict[int, list[int]]:
+        """Per device index of `node`, the shares (milli, below a whole GPU) its pods hold, for
+        the packer (solver.packing). Call under the lock."""
+        out: dict[int, list[int]] = {}
+        for uid in self.on_node.get(node, ()):
+            pod = self.pods.get(uid)
+            devices = pod.devices if pod is not None and pod.devices is not None else None
+            if devices is None and uid in self.assumed:
+                devices = self.assumed[uid][1]
+            for a in devices or ():
+                if 0 < a.milli < FULL_SHARE and not a.mig_profile:
+                    out.setdefault(a.index, []).append(a.milli)
+        return out
 
     def assumed_usage(self, uid: str) -> tuple[str, tuple[DeviceAssignment, ...]] | None:
         with self.lock:

@@ -29,7 +29,8 @@ from extender.objects import PodInfo, pod_info
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from solver import frag, single
 from solver.capacity import NodeState
-from solver.model import GpuKind, PodShape
+from solver.model import FULL_SHARE, GpuKind, Node, PodShape
+from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode
 
 log = structlog.get_logger("phalanx.verbs")
@@ -94,6 +95,9 @@ class Verbs:
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
         self._workload: tuple[frag.WorkloadClass, ...] = ()
         self._workload_generation = 0
+        # Which share sizes each device awaits (solver.packing); guarded by the cache lock.
+        self._packer: Packer | None = None
+        cache.pod_listeners.append(self._pod_changed)
 
     # ------------------------------------------------------------------ filter
 
@@ -213,7 +217,8 @@ class Verbs:
         """FGD-style: the node where the target workload's fragmentation grows least scores 10,
         ties broken by node name (a fixed order packs; kube-scheduler's random tie-break among
         equal scores would scatter pods, which costs several points of allocation); the others
-        scale down to 0 with their growth."""
+        scale down with their growth. With a packing plan, nodes rank by tier first
+        (`_packing_tiers`): the best tier's nodes take 5..10, the rest 0..4."""
         with memo.lock:
             memo.sync(self.cache)
             if memo.workload_generation != self._workload_generation:
@@ -226,14 +231,57 @@ class Verbs:
                     verdict = frag.placement_delta(node, shape, workload) if node is not None else None
                     known[name] = verdict.delta if verdict is not None and verdict.fits else math.inf
             deltas = {n: known[n] for n in names}
-        finite = sorted((d, n) for n, d in deltas.items() if math.isfinite(d))
-        if not finite:
+        fits = [n for n, d in deltas.items() if math.isfinite(d)]
+        if not fits:
             return []
-        best, worst = finite[0][0], finite[-1][0]
-        span = worst - best
-        scores = {n: round(9 * (1 - (d - best) / span)) if span > 0 else 9 for d, n in finite}
-        scores[finite[0][1]] = 10
+        tiers = self._packing_tiers(fits, shape)
+        ranked = sorted(fits, key=lambda n: (-tiers.get(n, 0), deltas[n], n))
+        top = tiers.get(ranked[0], 0)
+        scores: dict[str, int] = {}
+        for band, members in (
+            ((5, 9), [n for n in ranked if tiers.get(n, 0) == top]),
+            ((0, 4), [n for n in ranked if tiers.get(n, 0) != top]),
+        ):
+            if not members:
+                continue
+            best, worst = min(deltas[n] for n in members), max(deltas[n] for n in members)
+            low, high = band
+            for n in members:
+                span = worst - best
+                scores[n] = low + (round((high - low) * (1 - (deltas[n] - best) / span)) if span > 0 else high - low)
+        scores[ranked[0]] = 10
         return [self._host_score(n, s) for n, s in scores.items() if s > 0]
+
+    def _packing_tiers(self, names: list[str], shape: PodShape) -> dict[str, int]:
+        """The packing plan's preference per node (absent: 0): 2, a device there awaits this
+        pod's share size; 1, an idle device and room to open the size's pattern there; -1,
+        the pod would eat CPU or memory reserved for pods a device there awaits."""
+        packer = self._packer
+        if packer is None or not self.config.gpu.fragmentation_scoring:
+            return {}
+        demand = frag.demand_of(shape)
+        size = demand.gpu_milli if demand.is_share and packer.plan.knows(demand.gpu_milli) else 0
+        with self.cache.lock:
+            reserved = {n: (c, m) for n, c, m in packer.reservations()}
+            joins = {n for n, _ in packer.awaiting(size)} if size else set()
+            need = packer.opening_need(size) if size else (0.0, 0.0)
+        tiers: dict[str, int] = {}
+        # Only a share pod of a planned size can rank up; any other pod can only rank down,
+        # on nodes holding reservations.
+        for name in names if size else [n for n in names if n in reserved]:
+            node = self.cache.node_model(name)
+            if node is None:
+                continue
+            cpu = node.free.cpu_milli - demand.cpu_milli
+            mem = node.free.memory_mib - demand.memory_mib
+            res_cpu, res_mem = reserved.get(name, (0.0, 0.0))
+            if name in joins:
+                tiers[name] = 2
+            elif cpu < res_cpu - 1e-6 or mem < res_mem - 1e-6:
+                tiers[name] = -1
+            elif size and cpu - res_cpu >= need[0] and mem - res_mem >= need[1] and _has_idle(node, demand.models):
+                tiers[name] = 1
+        return tiers
 
     def workload(self) -> tuple[frag.WorkloadClass, ...]:
         """The target workload for fragmentation (empty when fragmentation scoring is off)."""
@@ -247,8 +295,32 @@ class Verbs:
         demands = [frag.demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
         workload = frag.workload_classes(demands) if demands else ()
         if workload != self._workload:
-            self._workload = workload
-            self._workload_generation += 1
+            plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
+            with self.cache.lock:
+                self._workload = workload
+                self._workload_generation += 1
+                self._packer = self._adopt(plan) if plan.patterns else None
+
+    def _adopt(self, plan: PackingPlan) -> Packer:
+        """A packer for `plan` that knows what every device holds now (under the cache lock)."""
+        packer = Packer(plan)
+        for node in list(self.cache.on_node):
+            for index, sizes in self.cache.share_contents(node).items():
+                packer.adopt(node, index, sizes)
+        return packer
+
+    def _pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        """A pod left its node: its share devices await again what their contents call for.
+        Called by the cache under its lock."""
+        packer = self._packer
+        if packer is None or old is None or not old.node or not old.devices:
+            return
+        if new is not None and new.active and new.node == old.node:
+            return
+        contents = self.cache.share_contents(old.node)
+        for a in old.devices:
+            if 0 < a.milli < FULL_SHARE:
+                packer.adopt(old.node, a.index, contents.get(a.index, []))
 
     def _host_score(self, host: str, score: int) -> orjson.Fragment:
         """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
@@ -326,10 +398,32 @@ class Verbs:
                 devices: tuple[Any, ...] | None = ()
             else:
                 spread = ask.mode is PlacementMode.LOW_LOAD_FIRST
-                devices = NodeState(model).take(ask.shape, spread=spread, workload=self.workload())
+                workload = self.workload()
+                size, lead = self._packing_lead(model, ask.shape) if workload and not spread else (0, ())
+                devices = NodeState(model).take(ask.shape, spread=spread, workload=workload, lead=lead)
+                if devices and size and self._packer is not None:
+                    index = devices[0].index
+                    fresh = any(d.index == index and d.is_idle for d in model.gpus)
+                    self._packer.placed(node, index, size, fresh=fresh)
             if devices is not None:
                 self.cache.assume(pod.uid, node, devices)
             return devices
+
+    def _packing_lead(self, node: Node, shape: PodShape) -> tuple[int, tuple[int, ...]]:
+        """For a share pod of a planned size: the size, and the devices of `node` to try first:
+        those awaiting the size, then (with room for the size's pattern) the idle ones."""
+        packer = self._packer
+        demand = frag.demand_of(shape)
+        if packer is None or not demand.is_share or not packer.plan.knows(demand.gpu_milli):
+            return 0, ()
+        size = demand.gpu_milli
+        lead = [d.index for d in node.gpus if packer.awaits(node.name, d.index, size)]
+        res_cpu, res_mem = packer.reserved(node.name)
+        need_cpu, need_mem = packer.opening_need(size)
+        cpu, mem = node.free.cpu_milli - demand.cpu_milli, node.free.memory_mib - demand.memory_mib
+        if cpu - res_cpu >= need_cpu and mem - res_mem >= need_mem:
+            lead += [d.index for d in node.gpus if d.is_idle and (demand.models is None or d.model in demand.models)]
+        return size, tuple(lead)
 
     def _pod_by_uid(self, uid: str, namespace: str, name: str) -> PodInfo | None:
         with self.cache.lock:
@@ -373,3 +467,7 @@ def _node_names(args: dict[str, Any]) -> list[str]:
     if not isinstance(names, list) or not set(map(type, names)) <= {str}:
         raise BadRequest("NodeNames must be a list of strings")
     return names
+
+
+def _has_idle(node: Node, models: frozenset[str] | None) -> bool:
+    return any(d.is_idle and (models is None or d.model in models) for d in node.gpus)

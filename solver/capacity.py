@@ -163,15 +163,23 @@ class NodeState:
         return min(self.scalar_fit(shape), self.gpu_fit(shape))
 
     def take(
-        self, shape: PodShape, *, spread: bool = False, workload: Sequence[WorkloadClass] = ()
+        self,
+        shape: PodShape,
+        *,
+        spread: bool = False,
+        workload: Sequence[WorkloadClass] = (),
+        lead: Sequence[int] = (),
     ) -> tuple[DeviceAssignment, ...] | None:
         """Consume one pod of `shape`; returns its devices, or None (nothing changed) if it
         does not fit. Shares go best-fit (fullest device that fits) unless `spread`; with a
         target `workload` (and not spreading), whole and share pods take the devices where its
-        fragmentation grows least (`frag.preferred_devices`)."""
+        fragmentation grows least (`frag.preferred_devices`). Devices in `lead` (a packing
+        plan's choice, solver.packing) are tried before all others, in order."""
         if self.capacity(shape) < 1:
             return None
         prefer = frag.preferred_devices(self.as_node(), shape, workload) if workload and not spread else ()
+        if lead:
+            prefer = (*lead, *(i for i in prefer if i not in lead))
         devices = self._pick_devices(shape, spread=spread, prefer=prefer)
         req = shape.requests
         self.cpu -= req.cpu_milli
