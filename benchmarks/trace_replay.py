@@ -15,7 +15,10 @@ Policies, as the simulator (hkust-adsl/kubernetes-scheduler-simulator) defines t
 - fgd: max int(100 * sigmoid(-ΔF / 1000)), random among ties, ΔF from `solver.frag`
   (pod-count weights, top classes covering 95 % of the replayed pod list);
 - phalanx: the same score and tie-break over `solver.frag.Policy.PHALANX`'s ΔF, which caps
-  each class's usable share by what the node's CPU and memory can feed (see its docstring).
+  each class's usable share by what the node's CPU and memory can feed (see its docstring),
+  with share pods following the packing plan of `solver.packing` (join a device awaiting the
+  pod's size, else open an idle device where the pattern's other members have room) and every
+  pod avoiding CPU and memory reserved for awaited pods when it can (`phalanx_chooser`).
 CPU, memory, GPU count, per-device share and GPU model (`gpu_spec`) are hard limits.
 
 Speed: a node's ΔF for a pod shape only changes when that node changes, so deltas are cached

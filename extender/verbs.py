@@ -29,7 +29,7 @@ from extender.objects import PodInfo, pod_info
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from solver import frag, single
 from solver.capacity import NodeState
-from solver.model import FULL_SHARE, GpuKind, Node, PodShape
+from solver.model import FULL_SHARE, DeviceAssignment, GpuKind, Node, PodShape
 from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode
 
@@ -300,6 +300,19 @@ class Verbs:
                 self._workload = workload
                 self._workload_generation += 1
                 self._packer = self._adopt(plan) if plan.patterns else None
+        else:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Devices that await pods but hold none any more (the pod that opened them was
+        deleted before its bind was seen, or its bind failed) stop waiting."""
+        with self.cache.lock:
+            packer = self._packer
+            if packer is None:
+                return
+            for node, index in packer.waiting_devices():
+                if not self.cache.share_contents(str(node)).get(index):
+                    packer.forget(node, index)
 
     def _adopt(self, plan: PackingPlan) -> Packer:
         """A packer for `plan` that knows what every device holds now (under the cache lock)."""
@@ -317,10 +330,15 @@ class Verbs:
             return
         if new is not None and new.active and new.node == old.node:
             return
-        contents = self.cache.share_contents(old.node)
-        for a in old.devices:
+        self._readopt(packer, old.node, old.devices)
+
+    def _readopt(self, packer: Packer, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        """`devices` of `node` changed outside the packer: each awaits what its contents call
+        for (under the cache lock)."""
+        contents = self.cache.share_contents(node)
+        for a in devices:
             if 0 < a.milli < FULL_SHARE:
-                packer.adopt(old.node, a.index, contents.get(a.index, []))
+                packer.adopt(node, a.index, contents.get(a.index, []))
 
     def _host_score(self, host: str, score: int) -> orjson.Fragment:
         """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
@@ -368,7 +386,10 @@ class Verbs:
         try:
             self.binder.bind(namespace, name, uid, node, devices)
         except (ApiError, OSError) as e:
-            self.cache.forget(uid)
+            with self.cache.lock:
+                self.cache.forget(uid)
+                if self._packer is not None:
+                    self._readopt(self._packer, node, devices)  # the packer counted this pod in
             self.metrics.errors.labels("bind", "api").inc()
             log.warning("bind failed", pod=pod.key, node=node, error=str(e))
             return {"Error": str(e)}

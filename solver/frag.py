@@ -36,7 +36,9 @@ and kept out: weights by GPU demand instead of pod count (-1.0 point vs FGD on t
 trace), the exact gradient instead of FGD's quantized score (-1.1: the rounding is what makes
 ties, and ties resolved in a fixed order pack), capping by whole pods of each class's own
 share (-0.3 vs the cap kept), a look-ahead term for how a device's leftover share will be
-refilled (+0.1 on three traces, -0.1 on two). The memory check alone adds ~0.1.
+refilled (+0.1 on three traces, -0.1 on two), Sum-of-Squares gap balancing (Csirik et al.)
+added to ΔF (-0.1 to +0.0). The memory check alone adds ~0.1. What the measure leaves is
+sliver waste: which share sizes belong together on a device is `solver.packing`'s job.
 
 Two faces of the same formulas:
 - numpy over many nodes (`ClassTable`, `fragmentation`, `candidate_deltas`, `fgd_score`),

@@ -167,6 +167,10 @@ class Packer:
         """The devices that await a pod of `size` (do not mutate)."""
         return self._by_size.get(size, set())
 
+    def waiting_devices(self) -> list[tuple[Hashable, int]]:
+        """Every device that awaits something, as (node, device index)."""
+        return list(self._awaiting)
+
     def awaits(self, node: Hashable, device: int, size: int) -> bool:
         return self._awaiting.get((node, device), Counter())[size] > 0
 

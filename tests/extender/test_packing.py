@@ -103,3 +103,26 @@ def test_no_plan_without_fragmentation_scoring(ext: Extender) -> None:
 
     ext.apply(parse("gpu: {fragmentationScoring: false}", source="test"))
     assert ext.verbs._packing_tiers(["c0"], shape(320, 1000)) == {}
+
+
+def test_a_failed_bind_does_not_leave_a_device_waiting(ext: Extender) -> None:
+    kube = ext.kube
+    assert isinstance(kube, FakeKube)
+    kube.fail_bind = True
+    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "m0", "PodUID": "uid-m0", "Node": "a0"})
+    assert reply["Error"]
+    packer = ext.verbs._packer
+    assert packer is not None and packer.awaiting(320) == {("c0", 1)} and packer.reserved("a0") == (0.0, 0.0)
+
+
+def test_the_sweep_ends_waits_on_devices_that_hold_nothing(ext: Extender) -> None:
+    """A pod deleted between bind and the watch seeing it: its assumed device empties without
+    a listener call that names the node; the sweep's reconcile notices."""
+    assert ext.verbs.bind({"PodNamespace": "default", "PodName": "m0", "PodUID": "uid-m0", "Node": "a0"}) == {
+        "Error": ""
+    }
+    packer = ext.verbs._packer
+    assert packer is not None and any(n == "a0" for n, _ in packer.awaiting(320))
+    ext.cache.pod_event("DELETED", share("m0", 650))
+    ext.verbs._reconcile()
+    assert packer.awaiting(320) == {("c0", 1)} and packer.reserved("a0") == (0.0, 0.0)
