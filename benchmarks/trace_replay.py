@@ -18,7 +18,10 @@ Policies, as the simulator (hkust-adsl/kubernetes-scheduler-simulator) defines t
   each class's usable share by what the node's CPU and memory can feed (see its docstring),
   with share pods following the packing plan of `solver.packing` (join a device awaiting the
   pod's size, else open an idle device where the pattern's other members have room) and every
-  pod avoiding CPU and memory reserved for awaited pods when it can (`phalanx_chooser`).
+  pod avoiding CPU and memory reserved for awaited pods when it can (`phalanx_chooser`);
+- extender (opt-in, `--policies ... extender`): the same policy as deployed, every pod through
+  the extender's own filter, prioritize and bind in-process, with the target workload the
+  extender itself estimates from the pods it has seen (`extender_chooser`); ~25x slower.
 CPU, memory, GPU count, per-device share and GPU model (`gpu_spec`) are hard limits.
 
 Speed: a node's ΔF for a pod shape only changes when that node changes, so deltas are cached
@@ -26,7 +29,8 @@ per (shape, node) and only nodes touched since the shape was last scored are rec
 numpy over those nodes. Seeds × policies run in a process pool.
 
     python -m benchmarks.trace_replay [--trace NAME | --pods FILE] [--nodes FILE]
-        [--seeds N | --quick] [--policies ...] [--plot PNG] [--no-record] [--jobs N]
+        [--seeds N | --quick] [--policies random bestfit fgd phalanx extender] [--plot PNG]
+        [--no-record] [--jobs N]
 """
 
 from __future__ import annotations
@@ -34,20 +38,31 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from multiprocessing import Manager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
+import structlog
 
 from benchmarks.common import record
+from extender.binder import Binder
+from extender.cache import Cache
+from extender.config import PhalanxConfig
+from extender.metrics import Metrics
+from extender.objects import DEVICES_ANNOTATION, encode_devices
+from extender.pools import Hardware
+from extender.verbs import Verbs
 from solver.frag import (
     ClassTable,
     Demand,
@@ -58,7 +73,7 @@ from solver.frag import (
     take_devices,
     workload_classes,
 )
-from solver.model import FULL_SHARE
+from solver.model import FULL_SHARE, DeviceAssignment
 from solver.packing import Packer, PackingPlan
 
 DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
@@ -67,6 +82,7 @@ DEFAULT_PODS = "openb_pod_list_default.csv"
 PUBLISHED = "published_analysis_allo_discrete.csv"
 PUBLISHED_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 POLICIES = ("random", "bestfit", "fgd", "phalanx")
+EXTRA = ("extender",)  # opt-in (--policies): Phalanx through the extender's verbs, ~25x slower
 INFLATION = 1.3  # the paper replays until 1.3 x the cluster's GPUs were requested
 BUCKETS = np.arange(0, 131)  # arrived %, as the published CSV's columns
 MAX_CPU, MAX_GPU = 128_000, 8 * FULL_SHARE  # the simulator's BestFit normalizers
@@ -87,6 +103,10 @@ class Cluster:
     gpus: I64  # devices per node
     models: tuple[str, ...]
     width: int  # most devices on one node
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {name: i for i, name in enumerate(self.names)}
 
     @property
     def total_gpu_milli(self) -> int:
@@ -291,6 +311,87 @@ def phalanx_chooser(cache: DeltaCache, packer: Packer) -> Chooser:
     return choose
 
 
+class _ReplayBinder(Binder):
+    """Bind without an API server: the extender's verbs run in-process, on this replay."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.devices: tuple[DeviceAssignment, ...] = ()
+
+    def bind(self, namespace: str, name: str, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        obj = self.pods[name]
+        obj["spec"]["nodeName"] = node
+        obj["metadata"]["resourceVersion"] = "2"
+        obj["metadata"]["annotations"][DEVICES_ANNOTATION] = encode_devices(devices)
+        obj["status"] = {"phase": "Running"}
+        self.devices = devices
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.pods.get(name)
+
+
+REFRESH_EVERY = 200  # pods between target-workload refreshes (a live extender: every 10 s)
+
+
+def extender_chooser(cluster: Cluster) -> Chooser:
+    """Phalanx's policy as deployed: each pod goes through the extender's own filter,
+    prioritize and bind (extender/verbs.py, default config) in-process, over a cache fed with
+    the same events a watch would deliver; the target workload is what the extender sees (the
+    pods placed so far, refreshed every REFRESH_EVERY pods), not the whole pod list. The node
+    is the best score (kube-scheduler's other plugins left out), ties to the first name."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no per-pod logs
+    config = PhalanxConfig()
+    cache = Cache(config.topology.levels, Hardware(config.gpu))
+    binder = _ReplayBinder()
+    verbs = Verbs(cache, binder, config, Metrics())
+    cache.replace_nodes(
+        {
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+            "status": {
+                "allocatable": {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": "1000", "nvidia.com/gpu": str(gpus)}
+            },
+        }
+        for name, cpu, mem, gpus, model in zip(
+            cluster.names, cluster.cpu, cluster.memory, cluster.gpus, cluster.models, strict=True
+        )
+    )
+    count = [0]
+
+    def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+        n = count[0] = count[0] + 1
+        name = f"p{n}"
+        annotations = {"gpu-fraction": f"{d.gpu_milli / FULL_SHARE}"} if d.is_share else {}
+        limits = {"nvidia.com/gpu": str(d.num_gpu)} if d.uses_gpu and not d.is_share else {}
+        requests = {"cpu": f"{d.cpu_milli}m", "memory": f"{d.memory_mib}Mi"}
+        obj: dict[str, Any] = {
+            "metadata": {
+                "name": name,
+                "namespace": "r",
+                "uid": name,
+                "resourceVersion": "1",
+                "annotations": annotations,
+            },
+            "spec": {"containers": [{"name": "c", "resources": {"requests": requests, "limits": limits}}]},
+            "status": {"phase": "Pending"},
+        }
+        binder.pods[name] = obj
+        cache.pod_event("ADDED", obj)
+        if n % REFRESH_EVERY == 1:
+            verbs.refresh_workload()
+        names = [cluster.names[i] for i in rows]  # rows: what kube-scheduler's own filters pass
+        passed = verbs.filter({"Pod": obj, "NodeNames": names})["NodeNames"]
+        reply = orjson.loads(orjson.dumps(verbs.prioritize({"Pod": obj, "NodeNames": passed})))
+        score = {e["Host"]: e["Score"] for e in reply}
+        best = max(passed, key=lambda host: score.get(host, 0))  # max keeps the first of equals
+        if verbs.bind({"PodNamespace": "r", "PodName": name, "PodUID": name, "Node": best})["Error"]:
+            raise RuntimeError(f"extender refused to bind {name} to {best}")
+        cache.pod_event("MODIFIED", obj)
+        node = cluster.index[best]
+        return node, binder.devices[0].index if d.is_share else -1
+
+    return choose
+
+
 @dataclass(frozen=True)
 class Run:
     policy: str
@@ -343,6 +444,8 @@ def replay(
 
 
 def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) -> Chooser:
+    if policy == "extender":
+        return extender_chooser(cluster)
     if policy == "random":
         return choose_random
     if policy == "bestfit":
@@ -361,7 +464,8 @@ def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) ->
 def _task(args: tuple[Path, Path, str, int, Any]) -> Run:
     nodes, pods_path, policy, seed, queue = args
     pods = load_pods(pods_path)
-    return replay(load_cluster(nodes), pods, workload_classes(pods), policy, seed, queue.put)
+    classes = workload_classes(pods, multi_gpu=policy == "phalanx")  # the paper's classes for FGD
+    return replay(load_cluster(nodes), pods, classes, policy, seed, queue.put)
 
 
 class Progress:
@@ -429,7 +533,7 @@ def summarize(runs: Sequence[Run], trace: str) -> tuple[str, dict[str, Any]]:
         "-" * 78,
     ]
     head: dict[str, Any] = {"trace": trace, "alloc_at_100": {}, "alloc_at_130": {}, "seconds_per_replay": {}}
-    for policy in POLICIES:
+    for policy in POLICIES + EXTRA:
         mine = [r for r in runs if r.policy == policy]
         if not mine:
             continue
@@ -454,8 +558,8 @@ def plot(runs: Sequence[Run], trace: str, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    colors = dict(zip(POLICIES, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True))
-    for policy in POLICIES:
+    colors = dict(zip(POLICIES + EXTRA, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"), strict=True))
+    for policy in POLICIES + EXTRA:
         mine = [r for r in runs if r.policy == policy]
         if mine:
             ax.plot(BUCKETS, np.mean([r.at(BUCKETS) for r in mine], axis=0), color=colors[policy], label=policy)
@@ -483,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--seeds", type=int, default=10, help="seeds 42.. (default 10, as the paper)")
     ap.add_argument("--quick", action="store_true", help="3 seeds")
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES + EXTRA)
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes")
     ap.add_argument(
         "--plot", type=Path, default=None, help="PNG path (default ~/.cache/phalanx/trace_replay_<trace>.png)"

@@ -186,12 +186,15 @@ class Verbs:
     # ------------------------------------------------------------------ prioritize
 
     def prioritize(self, args: dict[str, Any]) -> list[Any]:
-        """Scores for GPU pods only, shifted so the lowest is 0 and zeros left out: the
-        scheduler adds nothing for a missing host, and a shift common to all hosts keeps their
-        order, so the reply stays small when most nodes look alike."""
+        """Scores shifted so the lowest is 0 and zeros left out: the scheduler adds nothing
+        for a missing host, and a shift common to all hosts keeps their order, so the reply
+        stays small when most nodes look alike. Pods without GPUs get scores only from the
+        fragmentation measure (`_prioritize_cpu_only`)."""
         pod, names = self._pod(args), _node_names(args)
-        if pod.error or pod.demand.kind is GpuKind.NONE:
+        if pod.error:
             return []
+        if pod.demand.kind is GpuKind.NONE:
+            return self._prioritize_cpu_only(pod, names)
         ask = self._ask(pod)
         if ask.error:
             return []
@@ -211,14 +214,35 @@ class Verbs:
         low = min(scores, default=0)
         return [self._host_score(n, s - low) for n, s in zip(names, scores, strict=True) if s > low]
 
+    def _prioritize_cpu_only(self, pod: PodInfo, names: list[str]) -> list[Any]:
+        """A pod without GPUs: no opinion, except where the fragmentation measure tells nodes
+        apart. A CPU-heavy pod on a GPU node can strand GPUs whose pods need that CPU (Phalanx's
+        measure counts it), and it should not eat CPU reserved for awaited share pods. Every
+        node of least growth gets 10, with no tie-break by name: kube-scheduler's own scores
+        choose among them, as they do for all pods on clusters without GPUs."""
+        workload = self.workload()
+        if not any(c.uses_gpu for c in workload):  # nothing to strand: not worth a pass over the nodes
+            return []
+        ask = self._ask(pod)
+        if ask.error or ask.mode is not PlacementMode.COMPACT_FIRST:
+            return []
+        return self._prioritize_by_fragmentation(self._memo_for(ask), names, ask.shape, workload, by_name=False)
+
     def _prioritize_by_fragmentation(
-        self, memo: _Memo, names: list[str], shape: PodShape, workload: tuple[frag.WorkloadClass, ...]
+        self,
+        memo: _Memo,
+        names: list[str],
+        shape: PodShape,
+        workload: tuple[frag.WorkloadClass, ...],
+        *,
+        by_name: bool = True,
     ) -> list[Any]:
         """FGD-style: the node where the target workload's fragmentation grows least scores 10,
         ties broken by node name (a fixed order packs; kube-scheduler's random tie-break among
         equal scores would scatter pods, which costs several points of allocation); the others
         scale down with their growth. With a packing plan, nodes rank by tier first
-        (`_packing_tiers`): the best tier's nodes take 5..10, the rest 0..4."""
+        (`_packing_tiers`): the best tier's nodes take 5..10, the rest 0..4. Without `by_name`,
+        every node equal to the best gets 10, and no node stands out: no scores at all."""
         with memo.lock:
             memo.sync(self.cache)
             if memo.workload_generation != self._workload_generation:
@@ -237,6 +261,9 @@ class Verbs:
         tiers = self._packing_tiers(fits, shape)
         ranked = sorted(fits, key=lambda n: (-tiers.get(n, 0), deltas[n], n))
         top = tiers.get(ranked[0], 0)
+        leaders = [n for n in ranked if tiers.get(n, 0) == top and deltas[n] == deltas[ranked[0]]]
+        if not by_name and len(leaders) == len(ranked):
+            return []
         scores: dict[str, int] = {}
         for band, members in (
             ((5, 9), [n for n in ranked if tiers.get(n, 0) == top]),
@@ -249,7 +276,8 @@ class Verbs:
             for n in members:
                 span = worst - best
                 scores[n] = low + (round((high - low) * (1 - (deltas[n] - best) / span)) if span > 0 else high - low)
-        scores[ranked[0]] = 10
+        for n in leaders if not by_name else ranked[:1]:
+            scores[n] = 10
         return [self._host_score(n, s) for n, s in scores.items() if s > 0]
 
     def _packing_tiers(self, names: list[str], shape: PodShape) -> dict[str, int]:
@@ -293,7 +321,7 @@ class Verbs:
         with self.cache.lock:
             shapes = [PodShape(p.requests, p.demand) for p in self.cache.pods.values() if p.active and not p.error]
         demands = [frag.demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
-        workload = frag.workload_classes(demands) if demands else ()
+        workload = frag.workload_classes(demands, multi_gpu=True) if demands else ()
         if workload != self._workload:
             plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
             with self.cache.lock:

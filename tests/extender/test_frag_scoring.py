@@ -73,3 +73,23 @@ def test_fragmentation_scoring_can_be_turned_off(ext: Extender) -> None:
 
     ext.apply(parse("gpu: {fragmentationScoring: false}", source="test"))
     assert ext.verbs.workload() == ()
+
+
+def cpu_pod(name: str, cores: int) -> dict:  # type: ignore[type-arg]
+    obj = pod(name)
+    obj["spec"]["containers"][0]["resources"]["requests"]["cpu"] = str(cores)
+    return obj
+
+
+def test_a_cpu_heavy_pod_stays_off_the_gpu_nodes_it_would_strand(ext: Extender) -> None:
+    """A 127-core pod on a0, b0 or c0 would leave 1 core: the workload's GPU pods (1 core
+    each) could use one GPU there at most. A node without GPUs loses nothing."""
+    ext.cache.node_event("ADDED", node("cpu0", gpus=0))
+    got = scores(ext, cpu_pod("big", 127), ["a0", "b0", "c0", "cpu0"])
+    assert got.get("cpu0") == 10 and all(got.get(n, 0) < 10 for n in ("a0", "b0", "c0"))
+
+
+def test_no_opinion_on_a_cpu_pod_when_nodes_look_alike(ext: Extender) -> None:
+    """A small CPU pod changes nothing for the workload anywhere: no scores (kube-scheduler's
+    own decide), and no tie-break by name that would pile every CPU pod onto one node."""
+    assert scores(ext, cpu_pod("small", 1), ["b0", "c0"]) == {}

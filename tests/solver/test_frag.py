@@ -135,6 +135,13 @@ def test_classes_cover_95_percent_of_pods_most_frequent_first() -> None:
     assert sum(c.probability for c in classes) == pytest.approx(1.0)
     assert classes[0].probability == pytest.approx(61 / 96)
     assert classes[0].memory_mib == 100
+    phalanx = workload_classes(demands, multi_gpu=True)  # the rare 8-GPU class stays in
+    assert [(c.cpu_milli, c.gpu_milli, c.num_gpu) for c in phalanx] == [
+        (1000, 500, 1),
+        (2000, 1000, 1),
+        (8000, 1000, 8),
+    ]
+    assert phalanx[2].probability == pytest.approx(1 / 97)
 
 
 def test_classes_keep_gpu_models_apart_and_cpu_only_pods() -> None:
@@ -232,9 +239,10 @@ PODS_CSV = (
 )
 
 
-@pytest.mark.parametrize("policy", trace_replay.POLICIES)
+@pytest.mark.parametrize("policy", trace_replay.POLICIES + trace_replay.EXTRA)
 def test_replay_keeps_invariants_on_a_tiny_trace(policy: str, tmp_path: Path) -> None:
-    """alloc never exceeds arrived, both only grow, capacity is never exceeded (State.place checks)."""
+    """alloc never exceeds arrived, both only grow, capacity is never exceeded (State.place checks;
+    for `extender`, the extender's own device choices checked by the replay's accounting)."""
     (tmp_path / "nodes.csv").write_text(NODES_CSV)
     (tmp_path / "pods.csv").write_text(PODS_CSV)
     cluster = trace_replay.load_cluster(tmp_path / "nodes.csv")
