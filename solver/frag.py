@@ -153,6 +153,16 @@ def workload_classes(
     )
 
 
+def workload_drift(a: Sequence[WorkloadClass], b: Sequence[WorkloadClass]) -> float:
+    """Total variation distance between two target workloads (0: same, 1: disjoint): half the
+    summed probability differences over their classes (a class absent from one counts as 0)."""
+    pa = {(c.cpu_milli, c.gpu_milli, c.num_gpu, c.models): c.probability for c in a}
+    pb = {(c.cpu_milli, c.gpu_milli, c.num_gpu, c.models): c.probability for c in b}
+    if not pa or not pb:
+        return 0.0 if not pa and not pb else 1.0
+    return 0.5 * sum(abs(pa.get(k, 0.0) - pb.get(k, 0.0)) for k in pa.keys() | pb.keys())
+
+
 # ------------------------------------------------------------------------------ numpy face
 
 

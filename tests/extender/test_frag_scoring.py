@@ -93,3 +93,19 @@ def test_no_opinion_on_a_cpu_pod_when_nodes_look_alike(ext: Extender) -> None:
     """A small CPU pod changes nothing for the workload anywhere: no scores (kube-scheduler's
     own decide), and no tie-break by name that would pile every CPU pod onto one node."""
     assert scores(ext, cpu_pod("small", 1), ["b0", "c0"]) == {}
+
+
+def test_a_small_drift_in_the_pod_mix_keeps_the_memoised_deltas(ext: Extender) -> None:
+    """A big move of the pod mix drops every memoised delta (a new generation); one more pod
+    among many moves it a little: the new workload is taken, the per-node deltas stay
+    memoised (recomputed as their nodes change)."""
+    generation = ext.verbs._workload_generation
+    for i in range(40):  # the mix turns to whole GPUs
+        ext.cache.pod_event("ADDED", pod(f"x{i}", gpus=1))
+    ext.verbs.refresh_workload()
+    assert ext.verbs._workload_generation == generation + 1
+    before = ext.verbs.workload()
+    ext.cache.pod_event("ADDED", share("y", 500))
+    ext.verbs.refresh_workload()
+    assert ext.verbs.workload() != before
+    assert ext.verbs._workload_generation == generation + 1

@@ -22,6 +22,7 @@ from solver.frag import (
     node_fragmentation,
     placement_delta,
     workload_classes,
+    workload_drift,
 )
 from solver.model import GpuDemand, GpuDevice, MigSlice, Node, NodeName, PodShape, Resources
 
@@ -261,3 +262,13 @@ def test_replay_state_rejects_overcommit() -> None:
     state = trace_replay.State.fresh(cluster)
     with pytest.raises(ValueError, match="over capacity"):
         state.place(0, Demand(2000, 0, 1, 1000), -1)
+
+
+def test_workload_drift_is_total_variation() -> None:
+    a = workload_classes([Demand(1000, 0, 1, 500)] * 3 + [Demand(2000, 0, 1, 1000)])
+    b = workload_classes([Demand(1000, 0, 1, 500)] * 1 + [Demand(2000, 0, 1, 1000)])
+    c = workload_classes([Demand(4000)])
+    assert workload_drift(a, a) == 0.0
+    assert workload_drift(a, b) == pytest.approx(0.25)  # 3/4 vs 1/2 on each class
+    assert workload_drift(a, c) == pytest.approx(1.0)
+    assert workload_drift((), ()) == 0.0 and workload_drift(a, ()) == 1.0
