@@ -261,31 +261,34 @@ class Verbs:
                     node = self.cache.node_model(name)
                     verdict = frag.placement_delta(node, shape, workload) if node is not None else None
                     known[name] = verdict.delta if verdict is not None and verdict.fits else math.inf
-            deltas = {n: known[n] for n in names}
-        fits = [n for n, d in deltas.items() if math.isfinite(d)]
-        if not fits:
+            deltas = {n: d for n in names if (d := known[n]) != math.inf}  # the nodes it fits
+        if not deltas:
             return []
-        tiers = self._packing_tiers(fits, shape)
-        ranked = sorted(fits, key=lambda n: (-tiers.get(n, 0), deltas[n], n))
-        top = tiers.get(ranked[0], 0)
-        leaders = [n for n in ranked if tiers.get(n, 0) == top and deltas[n] == deltas[ranked[0]]]
-        if not by_name and len(leaders) == len(ranked):
+        tiers = self._packing_tiers(list(deltas), shape)
+        tier = tiers.get
+        if tiers:
+            lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
+        else:  # the common case (no packing preference here), in C-speed passes
+            least = min(deltas.values())
+            lead = min(n for n, d in deltas.items() if d == least)
+        top, first = tier(lead, 0), deltas[lead]
+        upper = [n for n in deltas if tier(n, 0) == top] if tiers else list(deltas)
+        lower = [n for n in deltas if tier(n, 0) != top] if tiers else []
+        leaders = [lead] if by_name else [n for n in upper if deltas[n] == first]
+        if not by_name and len(leaders) == len(deltas):
             return []
         scores: dict[str, int] = {}
-        for band, members in (
-            ((5, 9), [n for n in ranked if tiers.get(n, 0) == top]),
-            ((0, 4), [n for n in ranked if tiers.get(n, 0) != top]),
-        ):
+        for (low, high), members in (((5, 9), upper), ((0, 4), lower)):
             if not members:
                 continue
-            best, worst = min(deltas[n] for n in members), max(deltas[n] for n in members)
-            low, high = band
-            for n in members:
-                span = worst - best
-                scores[n] = low + (round((high - low) * (1 - (deltas[n] - best) / span)) if span > 0 else high - low)
-        for n in leaders if not by_name else ranked[:1]:
+            values = [deltas[n] for n in members]
+            best, span = min(values), max(values) - min(values)
+            for n, d in zip(members, values, strict=True):
+                scores[n] = low + (round((high - low) * (1 - (d - best) / span)) if span > 0 else high - low)
+        for n in leaders:
             scores[n] = 10
-        return [self._host_score(n, s) for n, s in scores.items() if s > 0]
+        floor = min(scores.values())  # the same shift as the other path: the reply stays small
+        return [self._host_score(n, v - floor) for n, v in scores.items() if v > floor]
 
     def _packing_tiers(self, names: list[str], shape: PodShape) -> dict[str, int]:
         """The packing plan's preference per node (absent: 0): 2, a device there awaits this

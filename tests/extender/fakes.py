@@ -130,3 +130,13 @@ def pod(
         },
         "status": {"phase": phase},
     }
+
+
+def leader(scores: dict[str, int]) -> str | None:
+    """The one host a prioritize reply scores highest (None: no reply, or a tie at the top):
+    replies are shifted so the lowest is 0, so only the order means anything."""
+    if not scores:
+        return None
+    top = max(scores.values())
+    best = [h for h, s in scores.items() if s == top]
+    return best[0] if len(best) == 1 else None

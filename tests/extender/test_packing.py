@@ -13,7 +13,7 @@ import pytest
 from extender.app import Extender, Options
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver.model import DeviceAssignment, GpuDemand, PodShape, Resources
-from tests.extender.fakes import FakeKube, node, pod
+from tests.extender.fakes import FakeKube, leader, node, pod
 
 
 def share(name: str, milli: int, node_name: str = "", device: int = -1, cpu: str = "1") -> dict:  # type: ignore[type-arg]
@@ -61,7 +61,7 @@ def test_the_plan_comes_from_the_workload_and_the_cache(ext: Extender) -> None:
 
 def test_a_device_awaiting_the_size_wins_and_bind_fills_it(ext: Extender) -> None:
     got = scores(ext, share("s0", 320), ["a0", "b0", "c0"])
-    assert got.get("c0") == 10 and got.get("a0", 0) < 10 and got.get("b0", 0) < 10
+    assert leader(got) == "c0"
     reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "s0", "PodUID": "uid-s0", "Node": "c0"})
     assert reply == {"Error": ""}
     kube = ext.kube
