@@ -17,7 +17,8 @@ every process waits for CPU), and in a paced round where pods arrive at a steady
 `filter_p99_saturated_ms` the other.
 
     python -m benchmarks.kwok_throughput [--quick] [--nodes N] [--pods N] [--rounds N]
-                                         [--paced-rate R] [--extender-nice N] [--no-record]
+                                         [--paced-rate R] [--extender-nice N]
+                                         [--extender-config FILE] [--no-record]
 
 Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms.
 """
@@ -136,11 +137,17 @@ def http_json(method: str, url: str) -> Any:
         return json.loads(r.read())
 
 
-def start_extender(kubeconfig: Path, port: int, log: Path, nice: int) -> subprocess.Popen[bytes]:
+def start_extender(
+    kubeconfig: Path, port: int, log: Path, nice: int, config: Path | None = None
+) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     prefix = ["nice", "-n", str(nice)] if nice else []
     proc = subprocess.Popen(
-        [*prefix, sys.executable, "-m", "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)],
+        [
+            *prefix,
+            *(sys.executable, "-m", "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)),
+            *(("--config-file", str(config)) if config is not None else ()),
+        ],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=env,
@@ -228,6 +235,9 @@ def main() -> None:
         default=0,
         help="run the extender at this nice value (e.g. -5 stands in for a sidecar's reserved CPU)",
     )
+    ap.add_argument(
+        "--extender-config", type=Path, help="extender config file (A/B, e.g. gpu.fragmentationScoring: false)"
+    )
     ap.add_argument("--paced-rate", type=float, default=30.0, help="pods/s of the steady-load latency round")
     ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
@@ -244,7 +254,9 @@ def main() -> None:
         cluster.create_nodes(nodes)
         kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
         port = free_port()
-        ext = start_extender(cluster.kubeconfig_path, port, state / "extender.log", args.extender_nice)
+        ext = start_extender(
+            cluster.kubeconfig_path, port, state / "extender.log", args.extender_nice, args.extender_config
+        )
         ext_url = f"http://127.0.0.1:{port}"
         for i in range(rounds):
             for mode in ("vanilla", "phalanx"):
@@ -255,6 +267,10 @@ def main() -> None:
             cluster, kube, rate_per_s=args.paced_rate, seconds=10 if args.quick else 30, ext_url=ext_url
         )
         print(f"paced    bound {paced['bound']}/{paced['pods']} at {args.paced_rate:g} pods/s", flush=True)
+        with urllib.request.urlopen(f"{ext_url}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("phalanx_extender_outcomes_total") and 'verb="bind"' in line:
+                    print(line, flush=True)  # refused binds (e.g. no-longer-fits) send pods back to the queue
     finally:
         if ext is not None:
             ext.terminate()
@@ -272,6 +288,11 @@ def main() -> None:
     lines = [
         f"{nodes} KWOK nodes (8 GPUs each), {pods} pods per round (70 % 1-GPU, 30 % CPU-only), "
         f"{rounds} round(s) per mode, alternating; extender nice {args.extender_nice}"
+        + (
+            f"; extender config {args.extender_config}: {args.extender_config.read_text().strip()!r}"
+            if args.extender_config
+            else ""
+        )
     ]
     lines += [
         f"round {i // 2} {r['mode']:8} {r['pods_per_s']:8.1f} pods/s ({r['bound']}/{pods} bound)"

@@ -261,7 +261,9 @@ class Verbs:
                     node = self.cache.node_model(name)
                     verdict = frag.placement_delta(node, shape, workload) if node is not None else None
                     known[name] = verdict.delta if verdict is not None and verdict.fits else math.inf
-            deltas = {n: d for n in names if (d := known[n]) != math.inf}  # the nodes it fits
+            deltas = dict(zip(names, map(known.__getitem__, names), strict=True))
+        if math.inf in deltas.values():  # keep the nodes it fits
+            deltas = {n: d for n, d in deltas.items() if d != math.inf}
         if not deltas:
             return []
         tiers = self._packing_tiers(list(deltas), shape)
@@ -270,21 +272,24 @@ class Verbs:
             lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
         else:  # the common case (no packing preference here), in C-speed passes
             least = min(deltas.values())
-            lead = min(n for n, d in deltas.items() if d == least)
+            lead = min([n for n, d in deltas.items() if d == least])
         top, first = tier(lead, 0), deltas[lead]
-        upper = [n for n in deltas if tier(n, 0) == top] if tiers else list(deltas)
-        lower = [n for n in deltas if tier(n, 0) != top] if tiers else []
-        leaders = [lead] if by_name else [n for n in upper if deltas[n] == first]
-        if not by_name and len(leaders) == len(deltas):
-            return []
+        if by_name:
+            leaders = [lead]
+        else:
+            leaders = [n for n, d in deltas.items() if d == first and tier(n, 0) == top]
+            if len(leaders) == len(deltas):
+                return []
+        if tiers:
+            upper = {n: d for n, d in deltas.items() if tier(n, 0) == top}
+            lower = {n: d for n, d in deltas.items() if tier(n, 0) != top}
+        else:
+            upper, lower = deltas, {}
         scores: dict[str, int] = {}
         for (low, high), members in (((5, 9), upper), ((0, 4), lower)):
-            if not members:
-                continue
-            values = [deltas[n] for n in members]
-            best, span = min(values), max(values) - min(values)
-            for n, d in zip(members, values, strict=True):
-                scores[n] = low + (round((high - low) * (1 - (d - best) / span)) if span > 0 else high - low)
+            if members:
+                band = _band(set(members.values()), low, high)  # few distinct deltas: score each once
+                scores.update({n: band[d] for n, d in members.items()})
         for n in leaders:
             scores[n] = 10
         floor = min(scores.values())  # the same shift as the other path: the reply stays small
@@ -526,6 +531,15 @@ def _node_names(args: dict[str, Any]) -> list[str]:
     if not isinstance(names, list) or not set(map(type, names)) <= {str}:
         raise BadRequest("NodeNames must be a list of strings")
     return names
+
+
+def _band(values: set[float], low: int, high: int) -> dict[float, int]:
+    """Scores low..high for fragmentation deltas, the least growth highest, linear between."""
+    best, worst = min(values), max(values)
+    span = worst - best
+    if span <= 0:
+        return {d: high for d in values}
+    return {d: low + round((high - low) * (1 - (d - best) / span)) for d in values}
 
 
 def _has_idle(node: Node, models: frozenset[str] | None) -> bool:
