@@ -7,11 +7,15 @@ cannot be made to do on cue: a 410 in the middle of a watch, a failing bind, exa
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from extender.kube import JSON, Expired, Response
+from extender.objects import DEVICES_ANNOTATION
 
 
 @dataclass
@@ -140,3 +144,40 @@ def leader(scores: dict[str, int]) -> str | None:
     top = max(scores.values())
     best = [h for h, s in scores.items() if s == top]
     return best[0] if len(best) == 1 else None
+
+
+def extender_on(nodes: list[JSON], pods: list[JSON]) -> Any:
+    """An extender (no HTTP server) over a FakeKube holding `pods`, its cache listed with
+    `nodes` and `pods` and its target workload refreshed, as the periodic sweep would."""
+    from extender.app import Extender, Options  # here: the fakes load before the app in some tests
+
+    kube = FakeKube()
+    extender = Extender(kube, Options(port=0))
+    extender.server.server_close()
+    extender.cache.replace_nodes(nodes)
+    for p in pods:
+        kube.pods[f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"] = p
+    extender.cache.replace_pods(pods)
+    extender.verbs.refresh_workload()
+    return extender
+
+
+def scores(extender: Any, obj: JSON, names: list[str]) -> dict[str, int]:
+    """Host -> score of one prioritize call, as kube-scheduler reads it."""
+    reply = orjson.loads(orjson.dumps(extender.verbs.prioritize({"Pod": obj, "NodeNames": names})))
+    return {e["Host"]: e["Score"] for e in reply}
+
+
+def bind_devices(extender: Any, name: str, node_name: str) -> list[dict[str, Any]]:
+    """Bind pod default/`name` (uid-`name`) to `node_name` through the extender; the device
+    entries its annotation got. Fails the test if the bind is refused."""
+    reply = extender.verbs.bind(
+        {"PodNamespace": "default", "PodName": name, "PodUID": f"uid-{name}", "Node": node_name}
+    )
+    assert reply == {"Error": ""}, reply
+    kube = extender.kube
+    assert isinstance(kube, FakeKube)
+    entries: list[dict[str, Any]] = json.loads(
+        kube.pods[f"default/{name}"]["metadata"]["annotations"][DEVICES_ANNOTATION]
+    )
+    return entries

@@ -4,16 +4,12 @@ devices the measure chose."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-
-import orjson
 import pytest
 
-from extender.app import Extender, Options
+from extender.app import Extender
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver.model import DeviceAssignment
-from tests.extender.fakes import FakeKube, leader, node, pod
+from tests.extender.fakes import bind_devices, extender_on, leader, node, pod, scores
 
 
 def share(name: str, milli: int, node_name: str = "", devices: str | None = None) -> dict:  # type: ignore[type-arg]
@@ -24,25 +20,13 @@ def share(name: str, milli: int, node_name: str = "", devices: str | None = None
 
 
 @pytest.fixture
-def ext() -> Iterator[Extender]:
-    kube = FakeKube()
-    extender = Extender(kube, Options(port=0))
-    extender.server.server_close()
-    # a0 has a GPU with 0.5 used; b0 and c0 are idle. The workload: half-GPU and whole-GPU pods.
-    extender.cache.replace_nodes([node("a0", gpus=2), node("b0", gpus=2), node("c0", gpus=2)])
+def ext() -> Extender:
+    """a0 has a GPU with 0.5 used; b0 and c0 are idle. The workload: half-GPU and whole-GPU pods."""
     used = encode_devices((DeviceAssignment(1, 500, 0),))
     pods = [share("run", 500, "a0", used)] + [share(f"q{i}", 500) for i in range(5)]
     pods += [pod(f"w{i}", gpus=1) for i in range(4)]
-    for p in pods:
-        kube.pods[f"default/{p['metadata']['name']}"] = p
-    extender.cache.replace_pods(pods)
-    extender.verbs.refresh_workload()  # the periodic sweep does this in a running extender
-    yield extender
-
-
-def scores(ext: Extender, obj: dict, names: list[str]) -> dict[str, int]:  # type: ignore[type-arg]
-    reply = orjson.loads(orjson.dumps(ext.verbs.prioritize({"Pod": obj, "NodeNames": names})))
-    return {e["Host"]: e["Score"] for e in reply}
+    extender: Extender = extender_on([node("a0", gpus=2), node("b0", gpus=2), node("c0", gpus=2)], pods)
+    return extender
 
 
 def test_the_half_used_gpu_is_filled_first(ext: Extender) -> None:
@@ -60,11 +44,7 @@ def test_equal_nodes_tie_to_the_first_name(ext: Extender) -> None:
 def test_bind_takes_the_device_the_measure_chose(ext: Extender) -> None:
     """On a0 the half-used GPU 1, not idle GPU 0: cutting GPU 0 in half would strand it for
     the whole-GPU pods of the workload."""
-    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "q1", "PodUID": "uid-q1", "Node": "a0"})
-    assert reply == {"Error": ""}
-    kube = ext.kube
-    assert isinstance(kube, FakeKube)
-    (entry,) = json.loads(kube.pods["default/q1"]["metadata"]["annotations"][DEVICES_ANNOTATION])
+    (entry,) = bind_devices(ext, "q1", "a0")
     assert entry["index"] == 1 and entry["milli"] == 500
 
 

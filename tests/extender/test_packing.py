@@ -4,16 +4,12 @@ them leaves, and pods steer clear of CPU reserved for awaited pods."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-
-import orjson
 import pytest
 
-from extender.app import Extender, Options
+from extender.app import Extender
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver.model import DeviceAssignment, GpuDemand, PodShape, Resources
-from tests.extender.fakes import FakeKube, leader, node, pod
+from tests.extender.fakes import FakeKube, bind_devices, extender_on, leader, node, pod, scores
 
 
 def share(name: str, milli: int, node_name: str = "", device: int = -1, cpu: str = "1") -> dict:  # type: ignore[type-arg]
@@ -26,26 +22,14 @@ def share(name: str, milli: int, node_name: str = "", device: int = -1, cpu: str
 
 
 @pytest.fixture
-def ext() -> Iterator[Extender]:
+def ext() -> Extender:
     """Workload: 650- and 320-milli shares (plan: (650, 320) and (320, 320, 320)) and whole
     GPUs. c0's GPU 1 holds a 650 pod that takes 126 of c0's 128 cores: it awaits a 320."""
-    kube = FakeKube()
-    extender = Extender(kube, Options(port=0))
-    extender.server.server_close()
-    extender.cache.replace_nodes([node("a0", gpus=2), node("b0", gpus=2), node("c0", gpus=2)])
     pods = [share("big", 650, "c0", device=1, cpu="126")]
     pods += [share(f"s{i}", 320) for i in range(6)] + [share(f"m{i}", 650) for i in range(4)]
     pods += [pod(f"w{i}", gpus=1) for i in range(4)]
-    for p in pods:
-        kube.pods[f"default/{p['metadata']['name']}"] = p
-    extender.cache.replace_pods(pods)
-    extender.verbs.refresh_workload()  # the periodic sweep does this in a running extender
-    yield extender
-
-
-def scores(ext: Extender, obj: dict, names: list[str]) -> dict[str, int]:  # type: ignore[type-arg]
-    reply = orjson.loads(orjson.dumps(ext.verbs.prioritize({"Pod": obj, "NodeNames": names})))
-    return {e["Host"]: e["Score"] for e in reply}
+    extender: Extender = extender_on([node("a0", gpus=2), node("b0", gpus=2), node("c0", gpus=2)], pods)
+    return extender
 
 
 def shape(milli: int, cpu_milli: int) -> PodShape:
@@ -62,11 +46,7 @@ def test_the_plan_comes_from_the_workload_and_the_cache(ext: Extender) -> None:
 def test_a_device_awaiting_the_size_wins_and_bind_fills_it(ext: Extender) -> None:
     got = scores(ext, share("s0", 320), ["a0", "b0", "c0"])
     assert leader(got) == "c0"
-    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "s0", "PodUID": "uid-s0", "Node": "c0"})
-    assert reply == {"Error": ""}
-    kube = ext.kube
-    assert isinstance(kube, FakeKube)
-    (entry,) = json.loads(kube.pods["default/s0"]["metadata"]["annotations"][DEVICES_ANNOTATION])
+    (entry,) = bind_devices(ext, "s0", "c0")
     assert entry["index"] == 1 and entry["milli"] == 320
     packer = ext.verbs._packer
     assert packer is not None and not packer.awaiting(320)
