@@ -21,7 +21,8 @@ Policies, as the simulator (hkust-adsl/kubernetes-scheduler-simulator) defines t
   pod avoiding CPU and memory reserved for awaited pods when it can (`phalanx_chooser`);
 - extender (opt-in, `--policies ... extender`): the same policy as deployed, every pod through
   the extender's own filter, prioritize and bind in-process, with the target workload the
-  extender itself estimates from the pods it has seen (`extender_chooser`); ~25x slower.
+  extender itself estimates from the pods it has seen (`extender_chooser`); ~10x slower.
+  `gpu_spec` limits reach it only as the nodes offered (kube-scheduler's filters' part).
 CPU, memory, GPU count, per-device share and GPU model (`gpu_spec`) are hard limits.
 
 Speed: a node's ΔF for a pod shape only changes when that node changes, so deltas are cached
@@ -82,7 +83,7 @@ DEFAULT_PODS = "openb_pod_list_default.csv"
 PUBLISHED = "published_analysis_allo_discrete.csv"
 PUBLISHED_NAMES = {"random": "01-Random", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 POLICIES = ("random", "bestfit", "fgd", "phalanx")
-EXTRA = ("extender",)  # opt-in (--policies): Phalanx through the extender's verbs, ~25x slower
+EXTRA = ("extender",)  # opt-in (--policies): Phalanx through the extender's verbs, ~10x slower
 INFLATION = 1.3  # the paper replays until 1.3 x the cluster's GPUs were requested
 BUCKETS = np.arange(0, 131)  # arrived %, as the published CSV's columns
 MAX_CPU, MAX_GPU = 128_000, 8 * FULL_SHARE  # the simulator's BestFit normalizers

@@ -255,7 +255,7 @@ class Cache:
                 used_pods += req.pods
                 for k, v in req.extended:
                     used_ext[k] = used_ext.get(k, 0) + v
-            assigned = assumed[1] if assumed is not None else (pod.devices if pod is not None else None)
+            assigned = self._assigned(uid)
             if assigned is not None:
                 for d in assigned:
                     if d.index in devices:
@@ -280,13 +280,21 @@ class Cache:
         out: dict[int, list[int]] = {}
         for uid in self.on_node.get(node, ()):
             pod = self.pods.get(uid)
-            devices = pod.devices if pod is not None and pod.devices is not None else None
-            if devices is None and uid in self.assumed:
-                devices = self.assumed[uid][1]
-            for a in devices or ():
+            if pod is not None and not pod.active:
+                continue  # as _build: a finished pod holds nothing
+            for a in self._assigned(uid) or ():
                 if 0 < a.milli < FULL_SHARE and not a.mig_profile:
                     out.setdefault(a.index, []).append(a.milli)
         return out
+
+    def _assigned(self, uid: str) -> tuple[DeviceAssignment, ...] | None:
+        """The devices a counted pod holds: its assumed ones while a bind is in flight, else
+        its annotation's (None: not known yet)."""
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            return assumed[1]
+        pod = self.pods.get(uid)
+        return pod.devices if pod is not None else None
 
     def assumed_usage(self, uid: str) -> tuple[str, tuple[DeviceAssignment, ...]] | None:
         with self.lock:

@@ -353,8 +353,12 @@ class Verbs:
             packer = self._packer
             if packer is None:
                 return
+            contents: dict[str, dict[int, list[int]]] = {}  # per node, read once
             for node, index in packer.waiting_devices():
-                if not self.cache.share_contents(str(node)).get(index):
+                name = str(node)
+                if name not in contents:
+                    contents[name] = self.cache.share_contents(name)
+                if not contents[name].get(index):
                     packer.forget(node, index)
 
     def _adopt(self, plan: PackingPlan) -> Packer:

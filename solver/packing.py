@@ -20,11 +20,12 @@ workload's share sizes, and for a known size distribution it has a well-known on
    later, while other pods compete for the node); their typical demand is *reserved* on the
    node, softly: placement prefers nodes where a pod leaves reservations whole.
 
-Measured (benchmarks/trace_replay.py, RESULTS.md): sliver waste at arrived 100 % goes from
-~269 GPUs (fragmentation scoring alone) to ~239 on the default trace, near the LP's lower bound
-(~238.6 with every share pod placed). Without the CPU check at opening, devices opened on nodes
-that later run out of CPU never complete (~22 GPUs). With reservations, headroom 2 beat 1 on all
-six openb traces (+0.05 to +0.3, 3 seeds) and 3 equalled 2 on the default trace.
+Measured (benchmarks/trace_replay.py's replay, default trace, seeds 42 and 43): sliver waste
+at arrived 100 % goes from ~269 GPUs (fragmentation scoring alone) to ~235, below the LP's
+bound for placing every share pod (~238.6) because some late share pods are skipped. Without
+the CPU check at opening, devices opened on nodes that later run out of CPU never complete
+(~22 GPUs). With reservations, headroom 2 beat 1 on all six openb traces (+0.05 to +0.3,
+3 seeds) and 3 equalled 2 on the default trace.
 
 Pure: no Kubernetes, no clock. Device and node keys are whatever the caller hashes.
 """
