@@ -35,8 +35,7 @@ from extender.server import Server
 from extender.verbs import Verbs
 from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
-from solver.model import Node
-from solver.params import SolverParams
+from solver import Node, SolverParams
 
 log = structlog.get_logger("phalanx.app")
 

@@ -18,7 +18,7 @@ import structlog
 
 from extender.kube import ApiError, Kube, Response, check
 from extender.objects import DEVICES_ANNOTATION, encode_devices
-from solver.model import DeviceAssignment
+from solver import DeviceAssignment
 
 log = structlog.get_logger("phalanx.binder")
 COMPONENT = "phalanx"

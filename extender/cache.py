@@ -22,14 +22,15 @@ import structlog
 from extender.config import GpuConfig
 from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info
 from extender.pools import Hardware, Pool
-from solver.capacity import DeviceState, NodeState
-from solver.model import (
+from solver import (
     FULL_SHARE,
     ClusterSnapshot,
     DeviceAssignment,
+    DeviceState,
     GpuKind,
     Node,
     NodeName,
+    NodeState,
     PodShape,
     Resources,
 )

@@ -12,7 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from solver.params import PlacementMode, SolverParams
+from solver import PlacementMode, SolverParams
 
 CONFIGMAP_NAME = "phalanx-config"
 CONFIGMAP_KEY = "config.yaml"

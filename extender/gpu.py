@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from extender import quantity
-from solver.model import FULL_SHARE, GpuDemand
+from solver import FULL_SHARE, GpuDemand
 
 GPU = "nvidia.com/gpu"
 GPUMEM = "nvidia.com/gpumem"

@@ -23,7 +23,7 @@ import orjson
 from extender import quantity
 from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand, profile_of
 from extender.pools import POOL_ANNOTATIONS, QOS_ANNOTATIONS, Hardware, annotation
-from solver.model import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
+from solver import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
 
 DEVICES_ANNOTATION = "phalanx.io/gpu-devices"
 MIG_LAYOUT_ANNOTATION = "phalanx.io/mig-layout"

@@ -20,10 +20,7 @@ from typing import Any
 
 from extender.config import GpuConfig, PoolConfig
 from extender.eligibility import term_matches
-from solver import mig
-from solver.mig import MigTable
-from solver.model import Node
-from solver.params import PlacementMode
+from solver import MigTable, Node, PlacementMode, load_tables
 
 POOL_ANNOTATIONS = ("phalanx.io/gpu-pool", "tensor-fusion.ai/gpupool")
 QOS_ANNOTATIONS = ("phalanx.io/qos", "tensor-fusion.ai/qos")
@@ -88,7 +85,7 @@ class Hardware:
         self.by_name = {p.name: p for p in self.pools}
         key, _, value = config.dynamic_mig_label.partition("=")
         self.dynamic_mig_label = (key, value)
-        self.mig_tables = mig.load_tables()
+        self.mig_tables = load_tables()
         self._key = (config.default_memory_mib, config.models, config.pools, config.dynamic_mig_label)
 
     def __eq__(self, other: object) -> bool:

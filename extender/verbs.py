@@ -27,11 +27,25 @@ from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
-from solver import frag, single
-from solver.capacity import NodeState
-from solver.model import FULL_SHARE, DeviceAssignment, GpuKind, Node, PodShape
-from solver.packing import Packer, PackingPlan
-from solver.params import PlacementMode
+from solver import (
+    FULL_SHARE,
+    DeviceAssignment,
+    GpuKind,
+    Node,
+    NodeState,
+    Packer,
+    PackingPlan,
+    PlacementMode,
+    PodShape,
+    WorkloadClass,
+    demand_of,
+    fits,
+    node_score,
+    placement_delta,
+    unfit_reason,
+    workload_classes,
+    workload_drift,
+)
 
 log = structlog.get_logger("phalanx.verbs")
 
@@ -100,7 +114,7 @@ class Verbs:
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
-        self._workload: tuple[frag.WorkloadClass, ...] = ()
+        self._workload: tuple[WorkloadClass, ...] = ()
         self._workload_generation = 0
         # Which share sizes each device awaits (solver.packing); guarded by the cache lock.
         self._packer: Packer | None = None
@@ -167,8 +181,8 @@ class Verbs:
             memo.failed[name] = NOT_IN_CACHE
         elif ask.pool is not None and not ask.pool.contains(name, node.labels):
             memo.failed[name] = f"{NOT_IN_POOL} {ask.pool.name}"
-        elif not single.fits(node, ask.shape):
-            memo.failed[name] = single.reason(node, ask.shape)
+        elif not fits(node, ask.shape):
+            memo.failed[name] = unfit_reason(node, ask.shape)
 
     def _filter_reply(
         self, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], pod: PodInfo, outcome: str
@@ -216,7 +230,7 @@ class Verbs:
             for name in names:
                 if name not in known:
                     node = self.cache.node_model(name)
-                    known[name] = single.score(node, shape, mode) if node is not None else 0
+                    known[name] = node_score(node, shape, mode) if node is not None else 0
             scores = [known[n] for n in names]
         low = min(scores, default=0)
         return [self._host_score(n, s - low) for n, s in zip(names, scores, strict=True) if s > low]
@@ -240,7 +254,7 @@ class Verbs:
         memo: _Memo,
         names: list[str],
         shape: PodShape,
-        workload: tuple[frag.WorkloadClass, ...],
+        workload: tuple[WorkloadClass, ...],
         *,
         by_name: bool = True,
     ) -> list[Any]:
@@ -259,7 +273,7 @@ class Verbs:
             for name in names:
                 if name not in known:
                     node = self.cache.node_model(name)
-                    verdict = frag.placement_delta(node, shape, workload) if node is not None else None
+                    verdict = placement_delta(node, shape, workload) if node is not None else None
                     known[name] = verdict.delta if verdict is not None and verdict.fits else math.inf
             deltas = dict(zip(names, map(known.__getitem__, names), strict=True))
         if math.inf in deltas.values():  # keep the nodes it fits
@@ -302,7 +316,7 @@ class Verbs:
         packer = self._packer
         if packer is None or not self.config.gpu.fragmentation_scoring:
             return {}
-        demand = frag.demand_of(shape)
+        demand = demand_of(shape)
         size = demand.gpu_milli if demand.is_share and packer.plan.knows(demand.gpu_milli) else 0
         with self.cache.lock:
             reserved = {n: (c, m) for n, c, m in packer.reservations()}
@@ -326,7 +340,7 @@ class Verbs:
                 tiers[name] = 1
         return tiers
 
-    def workload(self) -> tuple[frag.WorkloadClass, ...]:
+    def workload(self) -> tuple[WorkloadClass, ...]:
         """The target workload for fragmentation (empty when fragmentation scoring is off)."""
         return self._workload if self.config.gpu.fragmentation_scoring else ()
 
@@ -335,12 +349,12 @@ class Verbs:
         it runs on the extender's periodic sweep, never inside a verb; it drifts slowly."""
         with self.cache.lock:
             shapes = [PodShape(p.requests, p.demand) for p in self.cache.pods.values() if p.active and not p.error]
-        demands = [frag.demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
-        workload = frag.workload_classes(demands, multi_gpu=True) if demands else ()
+        demands = [demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
+        workload = workload_classes(demands, multi_gpu=True) if demands else ()
         if workload != self._workload:
             plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
             with self.cache.lock:
-                if frag.workload_drift(self._workload, workload) > MEMO_DRIFT:
+                if workload_drift(self._workload, workload) > MEMO_DRIFT:
                     self._workload_generation += 1  # every memoised fragmentation delta is stale
                 self._workload = workload
                 self._packer = self._adopt(plan) if plan.patterns else None
@@ -481,7 +495,7 @@ class Verbs:
         """For a share pod of a planned size: the size, and the devices of `node` to try first:
         those awaiting the size, then (with room for the size's pattern) the idle ones."""
         packer = self._packer
-        demand = frag.demand_of(shape)
+        demand = demand_of(shape)
         if packer is None or not demand.is_share or not packer.plan.knows(demand.gpu_milli):
             return 0, ()
         size = demand.gpu_milli
@@ -519,7 +533,7 @@ class Verbs:
         for node, meta in victims.items():
             uids = {str(v.get("UID", "")) for v in (meta or {}).get("Pods") or []}
             model = self.cache.node_model_without(node, uids)
-            if model is not None and single.fits(model, shape):
+            if model is not None and fits(model, shape):
                 kept[node] = meta
         return {"NodeNameToMetaVictims": kept}
 

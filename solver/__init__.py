@@ -1,6 +1,24 @@
-"""Phalanx placement engine: pure Python + OR-Tools CP-SAT, no Kubernetes imports."""
+"""Phalanx placement engine: pure Python + OR-Tools CP-SAT, no Kubernetes imports.
 
+This module is the solver's public surface: the extender imports only the names below (an
+import-linter contract in pyproject.toml enforces it), so the modules behind it can be split
+and renamed without touching the Kubernetes side.
+
+- `plan(snapshot, requests, params=...)`: one joint solve for gangs (CP-SAT, greedy fallback).
+- The normalized model: `ClusterSnapshot`, `Node`, `GpuDevice`, `PodShape`, `GangRequest`, ...
+- One pod against one node (the extender's hot path): `fits`, `unfit_reason`, `node_score`,
+  and `NodeState` / `DeviceState` for device choice and accounting.
+- Fragmentation (FGD and Phalanx's measure): `WorkloadClass`, `workload_classes`,
+  `workload_drift`, `demand_of`, `placement_delta`.
+- Share packing: `PackingPlan`, `Packer`.
+- MIG profile tables: `MigTable`, `load_tables`.
+"""
+
+from solver.capacity import DeviceState, NodeState
+from solver.frag import WorkloadClass, demand_of, placement_delta, workload_classes, workload_drift
+from solver.mig import MigTable, load_tables
 from solver.model import (
+    FULL_SHARE,
     Assignment,
     ClusterSnapshot,
     DeviceAssignment,
@@ -22,13 +40,19 @@ from solver.model import (
     SolveStatus,
     TopologyRequest,
 )
+from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode, SolverParams
 from solver.plan import plan
+from solver.single import fits
+from solver.single import reason as unfit_reason
+from solver.single import score as node_score
 
 __all__ = [
+    "FULL_SHARE",
     "Assignment",
     "ClusterSnapshot",
     "DeviceAssignment",
+    "DeviceState",
     "EqGroup",
     "GangName",
     "GangPlan",
@@ -37,9 +61,13 @@ __all__ = [
     "GpuDevice",
     "GpuKind",
     "MigSlice",
+    "MigTable",
     "Node",
     "NodeName",
+    "NodeState",
     "Outcome",
+    "Packer",
+    "PackingPlan",
     "PlacementMode",
     "PlanResult",
     "PodShape",
@@ -48,5 +76,14 @@ __all__ = [
     "SolveStatus",
     "SolverParams",
     "TopologyRequest",
+    "WorkloadClass",
+    "demand_of",
+    "fits",
+    "load_tables",
+    "node_score",
+    "placement_delta",
     "plan",
+    "unfit_reason",
+    "workload_classes",
+    "workload_drift",
 ]

@@ -35,8 +35,7 @@ from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
 from extender.gangs.ri_source import RISource
 from extender.gangs.sources import GangObjects, GangSpec, Resolution, gang_key, resolve
 from extender.objects import PodInfo
-from solver import plan as solve
-from solver.model import (
+from solver import (
     ClusterSnapshot,
     DeviceAssignment,
     EqGroup,
@@ -48,8 +47,9 @@ from solver.model import (
     Outcome,
     PodShape,
     Resources,
+    SolverParams,
 )
-from solver.params import SolverParams
+from solver import plan as solve
 
 log = structlog.get_logger("phalanx.gangs")
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from solver.model import Slice, TopologyRequest
+from solver import Slice, TopologyRequest
 
 JSON = dict[str, Any]
 
