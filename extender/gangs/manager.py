@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import structlog
 
+import solver
 from extender.cache import Cache
 from extender.eligibility import matches
 from extender.gangs.ri_source import PREFIX as RI_PREFIX
@@ -49,7 +50,6 @@ from solver import (
     Resources,
     SolverParams,
 )
-from solver import plan as solve
 
 log = structlog.get_logger("phalanx.gangs")
 
@@ -231,7 +231,7 @@ class GangManager:
         snapshot = self.cache.snapshot()
         requests = [self._request(snapshot, e) for e in entries]
         started = time.perf_counter()
-        result = solve(snapshot, requests, params=self.params())
+        result = solver.plan(snapshot, requests, params=self.params())
         elapsed_ms = (time.perf_counter() - started) * 1000
         for entry, gang in zip(entries, result.gangs, strict=True):
             entry.state.solve_ms = elapsed_ms
