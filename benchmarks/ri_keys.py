@@ -1,44 +1,50 @@
 """Resource Interface cost: per-pod gang-key evaluation over realistic pods, for every shipped definition.
 
-Pods come from the test fixtures (tests/extender/ri_fixtures), which build each framework's CR
-and the pods its controller creates - labels, annotations, ownerReferences, containers with env
-and resources, managedFields - so the JSON jq parses is pod-sized (~2.5 KB). The workload mix:
-PyTorchJob (1 master + 7 workers), MPIJob (launcher + 8 workers), JobSet (driver + 2x4),
-LeaderWorkerSet (3 groups of 4), InferenceService (2 predictors + transformer), TrainJob
-(initializer + 4 nodes), RayCluster (head + 2 + 4 workers), repeated with distinct names until
-the pod count is reached.
+Pods come from the RI sample workloads (benchmarks/ri_samples, shared with the tests), which
+build each framework's CR and the pods its controller creates - labels, annotations,
+ownerReferences, containers with env and resources, managedFields - so the JSON jq parses is
+pod-sized (~2.5 KB). The workload mix: PyTorchJob (1 master + 7 workers), MPIJob (launcher + 8
+workers), JobSet (driver + 2x4), LeaderWorkerSet (3 groups of 4), InferenceService (2 predictors
++ transformer), TrainJob (initializer + 4 nodes), RayCluster (head + 2 + 4 workers), repeated
+with distinct names until the pod count is reached.
 
 Measured per pod: `ResourceInterface.gang_key(pod)` (one jq run over the cut-down pod, compiled
 programs cached), after a warm-up pass. Also: `evaluate(cr, pods)` per root object, and the
 one-off cost of loading and compiling the shipped definitions. Target: p99 < 0.5 ms per pod.
 
     python -m benchmarks.ri_keys [--quick] [--pods N] [--no-record]
+    python benchmarks/ri_keys.py [--quick] [--pods N] [--no-record]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+# Run as a script, Python puts benchmarks/ (not the repository root) on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import ri_samples as samples
 from benchmarks.common import median, percentile, record
 from extender.ri import ResourceInterface
 from extender.ri.registry import Registry, load_defaults
-from tests.extender import ri_fixtures as fx
 
 Builder = Callable[[str], tuple[dict[str, Any], list[dict[str, Any]]]]
 
 WORKLOADS: list[tuple[str, str, Builder]] = [
-    ("kubeflow.org/v1", "PyTorchJob", lambda n: fx.pytorchjob(n, workers=7)),
-    ("kubeflow.org/v2beta1", "MPIJob", lambda n: fx.mpijob(n, workers=8)),
-    ("jobset.x-k8s.io/v1alpha2", "JobSet", lambda n: fx.jobset(n)),
-    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", lambda n: fx.leaderworkerset(n, replicas=3, size=4)),
-    ("serving.kserve.io/v1beta1", "InferenceService", lambda n: fx.inferenceservice(n, predictor_min=2)),
-    ("trainer.kubeflow.org/v1alpha1", "TrainJob", lambda n: fx.trainjob(n, num_nodes=4)),
-    ("ray.io/v1", "RayCluster", lambda n: fx.raycluster(n)),
+    ("kubeflow.org/v1", "PyTorchJob", lambda n: samples.pytorchjob(n, workers=7)),
+    ("kubeflow.org/v2beta1", "MPIJob", lambda n: samples.mpijob(n, workers=8)),
+    ("jobset.x-k8s.io/v1alpha2", "JobSet", lambda n: samples.jobset(n)),
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", lambda n: samples.leaderworkerset(n, replicas=3, size=4)),
+    ("serving.kserve.io/v1beta1", "InferenceService", lambda n: samples.inferenceservice(n, predictor_min=2)),
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob", lambda n: samples.trainjob(n, num_nodes=4)),
+    ("ray.io/v1", "RayCluster", lambda n: samples.raycluster(n)),
 ]
 
 

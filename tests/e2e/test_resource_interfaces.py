@@ -3,7 +3,7 @@
 The CRDs of PyTorchJob, JobSet and LeaderWorkerSet are installed (definitions only: no operator
 runs), then each test creates a CR, the child objects its controller would create (Jobs,
 StatefulSets) and the pods with the owner references and labels the real controllers set
-(tests/extender/ri_fixtures), and checks that kube-scheduler + Phalanx place each job as one
+(benchmarks/ri_samples), and checks that kube-scheduler + Phalanx place each job as one
 all-or-nothing gang of the right size. The last test registers a new workload type through the
 Workload Types API and shows a previously unknown CRD's pods gang-scheduled with no restart.
 """
@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks import ri_samples
 from deploy.local.cluster import LocalCluster
 from extender.app import Extender
 from extender.config import CONFIGMAP_NAME
 from extender.kube import RestKube
 from tests.e2e.test_extender import start_extender, wait
-from tests.extender import ri_fixtures
 
 pytestmark = pytest.mark.e2e
 
@@ -194,7 +194,7 @@ def unbound(kube: RestKube, names: list[str]) -> bool:
 
 def test_pytorchjob_is_one_gang_and_waits_for_all_its_members(extender: Extender, kube: RestKube) -> None:
     wait("PyTorchJob watched", lambda: watching(extender, "PyTorchJob"))
-    cr, pods = ri_fixtures.pytorchjob("e2e-bert", workers=3)
+    cr, pods = ri_samples.pytorchjob("e2e-bert", workers=3)
     job = create(kube, f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", cr_body(cr))
     names = [p["metadata"]["name"] for p in pods]
     for p in pods[:3]:
@@ -213,7 +213,7 @@ def test_pytorchjob_is_one_gang_and_waits_for_all_its_members(extender: Extender
 
 def test_jobset_pods_through_jobs_form_one_gang(extender: Extender, kube: RestKube) -> None:
     wait("JobSet and Job watched", lambda: watching(extender, "JobSet") and watching(extender, "Job"))
-    cr, pods = ri_fixtures.jobset("e2e-llm", rjobs=(("driver", 1, 1), ("workers", 2, 2)))
+    cr, pods = ri_samples.jobset("e2e-llm", rjobs=(("driver", 1, 1), ("workers", 2, 2)))
     jobset = create(kube, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets", cr_body(cr))
     jobs: dict[str, dict[str, Any]] = {}
     for p in pods:
@@ -245,7 +245,7 @@ def test_lws_with_three_replicas_gives_three_independent_gangs(extender: Extende
         "LWS and StatefulSet watched",
         lambda: watching(extender, "LeaderWorkerSet") and watching(extender, "StatefulSet"),
     )
-    cr, pods = ri_fixtures.leaderworkerset("e2e-vllm", replicas=3, size=2)
+    cr, pods = ri_samples.leaderworkerset("e2e-vllm", replicas=3, size=2)
     lws = create(kube, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets", cr_body(cr))
 
     def statefulset(name: str, owner: dict[str, Any]) -> dict[str, Any]:
@@ -308,7 +308,7 @@ def test_registering_a_workload_type_gang_schedules_an_unknown_crd(extender: Ext
             "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}},
         },
     )
-    template = ri_fixtures.pod("x", labels={"example.com/widget": "w1"}, owner_ref={})
+    template = ri_samples.pod("x", labels={"example.com/widget": "w1"}, owner_ref={})
     names = [f"w1-{i}" for i in range(3)]
     for name in names[:2]:
         p = copy.deepcopy(template)

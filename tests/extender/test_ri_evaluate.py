@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks import ri_samples as samples
 from extender.ri import (
     REASON_AMBIGUOUS_COMPONENT,
     REASON_NO_COMPONENT,
@@ -23,7 +24,6 @@ from extender.ri import (
     Unassigned,
     parse,
 )
-from tests.extender import ri_fixtures as fx
 
 STATUS = {"statusMappings": {"running": {"byConditions": [{"type": "Running", "status": "True"}]}}}
 JOB_NAME = '.metadata.labels["training.kubeflow.org/job-name"]'
@@ -68,7 +68,7 @@ def test_grouping_examples_are_equivalent() -> None:
         ],
     )
     via_root = pytorch_ri("job", [{"componentName": "job", "groupByKeyPaths": [JOB_NAME]}])
-    cr, pods = fx.pytorchjob(workers=3)
+    cr, pods = samples.pytorchjob(workers=3)
     assert shape(per_component.evaluate(cr, pods)) == shape(via_root.evaluate(cr, pods))
     assert shape(via_root.evaluate(cr, pods))[0][:3] == ("job/bert", 4, 4)
 
@@ -98,7 +98,7 @@ optimizationInstructions:
 def test_grouping_with_default_values() -> None:
     """Spec "Using default values": a pod without group-index lands in group 0."""
     ri = parse(DEFAULTS_RI)
-    _, pods = fx.leaderworkerset(replicas=2, size=2)
+    _, pods = samples.leaderworkerset(replicas=2, size=2)
     assert [ri.gang_key(p) for p in pods] == ["group/vllm/0", "group/vllm/0", "group/vllm/1", "group/vllm/1"]
     del pods[2]["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"]
     assert ri.gang_key(pods[2]) == "group/vllm/0"
@@ -166,16 +166,16 @@ def multijob(
     jobs: list[tuple[str, int, int]], created: set[str], *, as_map: bool = False
 ) -> tuple[dict[str, Any], list]:
     """jobs: (name, replicas, gpus per pod)."""
-    specs = [{"name": n, "replicas": r, "template": fx.template(g)} for n, r, g in jobs]
+    specs = [{"name": n, "replicas": r, "template": samples.template(g)} for n, r, g in jobs]
     cr = {
         "apiVersion": "example.com/v1",
         "kind": "MultiJob",
-        "metadata": {"name": "mj", "namespace": fx.NS},
+        "metadata": {"name": "mj", "namespace": samples.NS},
         "spec": {"jobs": {s["name"]: s for s in specs} if as_map else specs},
     }
-    ref = fx.owner("example.com/v1", "MultiJob", "mj")
+    ref = samples.owner("example.com/v1", "MultiJob", "mj")
     pods = [
-        fx.pod(f"mj-{n}-{i}", labels={"example.com/job": n}, owner_ref=ref, gpus=g)
+        samples.pod(f"mj-{n}-{i}", labels={"example.com/job": n}, owner_ref=ref, gpus=g)
         for n, r, g in jobs
         if n in created
         for i in range(r)
@@ -217,7 +217,7 @@ def test_pod_with_unknown_instance_counts_as_seen() -> None:
     """A pod of an instance the CR does not list counts itself; "train" (no pods) joins by its template."""
     ri = jobs_ri(POD_FILTERS)
     cr, _ = multijob([("train", 2, 8)], created=set())
-    stray = fx.pod("stray-0", labels={"example.com/job": "ghost"}, owner_ref=fx.owner("v1", "X", "x"), gpus=1)
+    stray = samples.pod("stray-0", labels={"example.com/job": "ghost"}, owner_ref=samples.owner("v1", "X", "x"), gpus=1)
     assert shape(ri.evaluate(cr, [stray])) == [("gpu-jobs/gpu", 3, 3, ("stray-0",))]
 
 
@@ -284,7 +284,7 @@ rootComponent:
     ],
 )
 def test_status_definition_from_the_spec(conds: tuple[tuple[str, str], ...], phase: str | None, status: str) -> None:
-    obj: dict[str, Any] = {"status": fx.conditions(*conds)}
+    obj: dict[str, Any] = {"status": samples.conditions(*conds)}
     if phase:
         obj["status"]["phase"] = phase
     assert parse(SPEC_STATUS).status(obj) == status
@@ -300,17 +300,17 @@ def test_minimal_ri_puts_pods_under_the_root_without_gangs() -> None:
             }
         }
     )
-    pod = fx.pod("m-0", labels={}, owner_ref=fx.owner("m.org/v1", "M", "m"))
+    pod = samples.pod("m-0", labels={}, owner_ref=samples.owner("m.org/v1", "M", "m"))
     assert ri.classify(pod).component == "m"
-    ev = ri.evaluate({"status": fx.conditions(("Running", "True"))}, [pod])
+    ev = ri.evaluate({"status": samples.conditions(("Running", "True"))}, [pod])
     assert ev.gangs == () and ev.unassigned == (Unassigned("m-0", REASON_NO_GANG_SCHEDULING),)
     assert ev.status == STATUS_RUNNING
 
 
 def test_unassigned_reasons() -> None:
     ri = pytorch_ri("pytorchjob", [{"componentName": "worker", "groupByKeyPaths": [JOB_NAME]}])
-    cr, pods = fx.pytorchjob(workers=1)
-    stranger = fx.pod("stranger", labels={}, owner_ref=fx.owner("v1", "X", "x"))
+    cr, pods = samples.pytorchjob(workers=1)
+    stranger = samples.pod("stranger", labels={}, owner_ref=samples.owner("v1", "X", "x"))
     ev = ri.evaluate(cr, [*pods, stranger, {"metadata": {}}])
     assert shape(ev) == [("job/bert", 1, 1, ("bert-worker-0",))]
     assert ev.unassigned == (
@@ -327,7 +327,7 @@ def test_overlapping_selectors_leave_the_pod_unassigned_as_ambiguous() -> None:
     second["podSelector"] = {"componentTypeSelector": {"keyPath": ".metadata.labels.b"}}
     doc["childComponents"].append(second)
     ri = parse(doc)
-    both = fx.pod("p", labels={"a": "1", "b": "1"}, owner_ref=fx.owner("v1", "X", "x"))
+    both = samples.pod("p", labels={"a": "1", "b": "1"}, owner_ref=samples.owner("v1", "X", "x"))
     assert ri.classify(both).reason == REASON_AMBIGUOUS_COMPONENT
 
 
@@ -335,7 +335,7 @@ def test_one_component_split_over_keys_shares_its_count() -> None:
     """No instance ids: 2 LWS groups of 2 in one "group" component (replicas 4) → ceil(4/2) each."""
     doc = yaml.safe_load(DEFAULTS_RI)
     doc["childComponents"][0]["scaleDefinition"] = {"replicasPath": ".spec.replicas * .spec.leaderWorkerTemplate.size"}
-    cr, pods = fx.leaderworkerset(replicas=2, size=2)
+    cr, pods = samples.leaderworkerset(replicas=2, size=2)
     assert [(k, m, e) for k, m, e, _ in shape(parse(doc).evaluate(cr, pods))] == [
         ("group/vllm/0", 2, 2),
         ("group/vllm/1", 2, 2),
@@ -343,11 +343,13 @@ def test_one_component_split_over_keys_shares_its_count() -> None:
 
 
 def test_kserve_example_evaluates_verbatim() -> None:
-    ri = parse(fx.kserve_example_text())
-    cr, pods = fx.inferenceservice(predictor_min=2)
+    ri = parse(samples.kserve_example_text())
+    cr, pods = samples.inferenceservice(predictor_min=2)
     ev = ri.evaluate(cr, pods)
     assert [(k, m, e, len(members)) for k, m, e, members in shape(ev)] == [("service/llama", 3, 3, 3)]
-    cr["status"] = fx.conditions(("PredictorReady", "True"), ("RoutesReady", "True"), ("LatestDeploymentReady", "True"))
+    cr["status"] = samples.conditions(
+        ("PredictorReady", "True"), ("RoutesReady", "True"), ("LatestDeploymentReady", "True")
+    )
     assert ri.status(cr) == STATUS_RUNNING
 
 
@@ -358,7 +360,7 @@ def test_filters_naming_status_see_the_pod_status() -> None:
         '.status.phase == "Pending"'
     ]
     ri = parse(doc)
-    _, pods = fx.leaderworkerset(replicas=1, size=1)
+    _, pods = samples.leaderworkerset(replicas=1, size=1)
     assert ri.gang_key(pods[0]) == "group/vllm/0"
     pods[0]["status"]["phase"] = "Running"
     assert ri.gang_key(pods[0]) is None
@@ -369,7 +371,7 @@ def test_min_member_path_overrides_and_is_capped_by_expected() -> None:
     doc = ri.document()
     doc["optimizationInstructions"]["gangScheduling"]["podGroups"][0]["minMemberPath"] = ".spec.min"
     ri = parse(doc)
-    cr, pods = fx.pytorchjob(workers=3)
+    cr, pods = samples.pytorchjob(workers=3)
     cr["spec"]["min"] = 2
     assert shape(ri.evaluate(cr, pods))[0][1:3] == (2, 4)
     cr["spec"]["min"] = 99

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from benchmarks import ri_samples as samples
 from extender.ri import (
     REASON_NO_POD_GROUP,
     STATUS_COMPLETED,
@@ -16,7 +17,6 @@ from extender.ri import (
     ResourceInterface,
 )
 from extender.ri.registry import Registry, load_defaults
-from tests.extender import ri_fixtures as fx
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_every_kind_is_shipped(registry: Registry) -> None:
 
 
 def test_pytorchjob_master_and_workers_form_one_gang(registry: Registry) -> None:
-    cr, pods = fx.pytorchjob(workers=3)
+    cr, pods = samples.pytorchjob(workers=3)
     ev = ri(registry, "kubeflow.org/v1", "PyTorchJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/bert", 4, 4, 4)]
     assert ev.gangs[0].members == ("bert-master-0", "bert-worker-0", "bert-worker-1", "bert-worker-2")
@@ -61,19 +61,19 @@ def test_pytorchjob_master_and_workers_form_one_gang(registry: Registry) -> None
 
 def test_pytorchjob_gang_is_sized_before_workers_exist(registry: Registry) -> None:
     """Only the master is created yet: the gang still expects master + 3 workers."""
-    cr, pods = fx.pytorchjob(workers=3, created=1)
+    cr, pods = samples.pytorchjob(workers=3, created=1)
     ev = ri(registry, "kubeflow.org/v1", "PyTorchJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/bert", 4, 4, 1)]
 
 
 def test_pytorchjob_min_available_sets_min_count(registry: Registry) -> None:
-    cr, pods = fx.pytorchjob(workers=7, min_available=5)
+    cr, pods = samples.pytorchjob(workers=7, min_available=5)
     ev = ri(registry, "kubeflow.org/v1", "PyTorchJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/bert", 5, 8, 8)]
 
 
 def test_pytorchjob_elastic_min_replicas_counts_towards_min(registry: Registry) -> None:
-    cr, pods = fx.pytorchjob(workers=6, elastic_min=2)
+    cr, pods = samples.pytorchjob(workers=6, elastic_min=2)
     ev = ri(registry, "kubeflow.org/v1", "PyTorchJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/bert", 3, 7, 7)]
     worker = next(i for i in ev.instances if i.component == "worker")
@@ -81,7 +81,7 @@ def test_pytorchjob_elastic_min_replicas_counts_towards_min(registry: Registry) 
 
 
 def test_pytorchjob_without_master(registry: Registry) -> None:
-    cr, pods = fx.pytorchjob(workers=2, master=False)
+    cr, pods = samples.pytorchjob(workers=2, master=False)
     ev = ri(registry, "kubeflow.org/v1", "PyTorchJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/bert", 2, 2, 2)]
     assert [i.component for i in ev.instances] == ["worker"]
@@ -100,13 +100,13 @@ def test_pytorchjob_without_master(registry: Registry) -> None:
     ids=["no status", "created", "running", "succeeded", "failed wins over running", "created+suspended"],
 )
 def test_pytorchjob_status(registry: Registry, conds: tuple[tuple[str, str], ...], status: str) -> None:
-    cr, _ = fx.pytorchjob()
-    cr["status"] = fx.conditions(*conds)
+    cr, _ = samples.pytorchjob()
+    cr["status"] = samples.conditions(*conds)
     assert ri(registry, "kubeflow.org/v1", "PyTorchJob").status(cr) == status
 
 
 def test_pytorchjob_pod_root_name_and_key(registry: Registry) -> None:
-    _, pods = fx.pytorchjob()
+    _, pods = samples.pytorchjob()
     iface = ri(registry, "kubeflow.org/v1", "PyTorchJob")
     assert iface.pod_root_name(pods[0]) == "bert"
     assert iface.gang_key(pods[1]) == "job/bert"
@@ -116,7 +116,7 @@ def test_pytorchjob_pod_root_name_and_key(registry: Registry) -> None:
 
 
 def test_mpijob_launcher_and_workers_form_one_gang(registry: Registry) -> None:
-    cr, pods = fx.mpijob(workers=4)
+    cr, pods = samples.mpijob(workers=4)
     ev = ri(registry, "kubeflow.org/v2beta1", "MPIJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/allreduce", 5, 5, 5)]
     assert {ri(registry, "kubeflow.org/v2beta1", "MPIJob").classify(p).component for p in pods} == {
@@ -127,7 +127,7 @@ def test_mpijob_launcher_and_workers_form_one_gang(registry: Registry) -> None:
 
 def test_mpijob_wait_for_workers_keeps_launcher_out_of_min(registry: Registry) -> None:
     """launcherCreationPolicy WaitForWorkersReady: the launcher comes after the workers run."""
-    cr, pods = fx.mpijob(workers=4, wait_for_workers=True)
+    cr, pods = samples.mpijob(workers=4, wait_for_workers=True)
     ev = ri(registry, "kubeflow.org/v2beta1", "MPIJob").evaluate(cr, pods)
     assert sizes(ev) == [("job/allreduce", 4, 5, 4)]
 
@@ -137,39 +137,39 @@ def test_mpijob_wait_for_workers_keeps_launcher_out_of_min(registry: Registry) -
 
 def test_jobset_is_one_gang_over_all_replicated_jobs(registry: Registry) -> None:
     """Documented choice: the whole JobSet (driver + 2 worker jobs x 4 pods) is one gang."""
-    cr, pods = fx.jobset()
+    cr, pods = samples.jobset()
     ev = ri(registry, "jobset.x-k8s.io/v1alpha2", "JobSet").evaluate(cr, pods)
     assert sizes(ev) == [("jobset/llm", 9, 9, 9)]
     assert [(i.instance, i.replicas) for i in ev.instances] == [("driver", 1), ("workers", 8)]
 
 
 def test_jobset_counts_replicated_jobs_without_pods_yet(registry: Registry) -> None:
-    cr, pods = fx.jobset(created={"driver"})
+    cr, pods = samples.jobset(created={"driver"})
     ev = ri(registry, "jobset.x-k8s.io/v1alpha2", "JobSet").evaluate(cr, pods)
     assert sizes(ev) == [("jobset/llm", 9, 9, 1)]
 
 
 def test_jobset_in_order_startup_counts_only_the_first_job_towards_min(registry: Registry) -> None:
-    cr, pods = fx.jobset(in_order=True, created={"driver"})
+    cr, pods = samples.jobset(in_order=True, created={"driver"})
     ev = ri(registry, "jobset.x-k8s.io/v1alpha2", "JobSet").evaluate(cr, pods)
     assert sizes(ev) == [("jobset/llm", 1, 9, 1)]
 
 
 def test_jobset_depends_on_keeps_dependent_jobs_out_of_min(registry: Registry) -> None:
-    cr, pods = fx.jobset(depends_on={"workers": "driver"})
+    cr, pods = samples.jobset(depends_on={"workers": "driver"})
     ev = ri(registry, "jobset.x-k8s.io/v1alpha2", "JobSet").evaluate(cr, pods)
     assert sizes(ev) == [("jobset/llm", 1, 9, 9)]
 
 
 def test_jobset_status(registry: Registry) -> None:
     iface = ri(registry, "jobset.x-k8s.io/v1alpha2", "JobSet")
-    cr, _ = fx.jobset()
+    cr, _ = samples.jobset()
     assert iface.status(cr) == STATUS_RUNNING
-    cr["status"] = {"terminalState": "Completed", **fx.conditions(("Completed", "True"))}
+    cr["status"] = {"terminalState": "Completed", **samples.conditions(("Completed", "True"))}
     assert iface.status(cr) == STATUS_COMPLETED
     cr["status"] = {"terminalState": "Failed"}
     assert iface.status(cr) == STATUS_FAILED
-    cr["status"] = fx.conditions(("Suspended", "True"))
+    cr["status"] = samples.conditions(("Suspended", "True"))
     assert iface.status(cr) == STATUS_PENDING
 
 
@@ -177,7 +177,7 @@ def test_jobset_status(registry: Registry) -> None:
 
 
 def test_lws_replicas_3_size_4_gives_3_independent_gangs_of_4(registry: Registry) -> None:
-    cr, pods = fx.leaderworkerset(replicas=3, size=4)
+    cr, pods = samples.leaderworkerset(replicas=3, size=4)
     iface = ri(registry, "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
     ev = iface.evaluate(cr, pods)
     assert sizes(ev) == [("group/vllm/0", 4, 4, 4), ("group/vllm/1", 4, 4, 4), ("group/vllm/2", 4, 4, 4)]
@@ -187,7 +187,7 @@ def test_lws_replicas_3_size_4_gives_3_independent_gangs_of_4(registry: Registry
 
 def test_lws_gangs_are_sized_before_worker_statefulsets_exist(registry: Registry) -> None:
     """Leaders come first (they own the worker StatefulSets): each gang still expects 4."""
-    cr, pods = fx.leaderworkerset(replicas=3, size=4, workers_created=False)
+    cr, pods = samples.leaderworkerset(replicas=3, size=4, workers_created=False)
     ev = ri(registry, "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet").evaluate(cr, pods)
     assert sizes(ev) == [("group/vllm/0", 4, 4, 1), ("group/vllm/1", 4, 4, 1), ("group/vllm/2", 4, 4, 1)]
     assert ev.problems == ()
@@ -195,9 +195,9 @@ def test_lws_gangs_are_sized_before_worker_statefulsets_exist(registry: Registry
 
 def test_lws_status(registry: Registry) -> None:
     iface = ri(registry, "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-    cr, _ = fx.leaderworkerset()
+    cr, _ = samples.leaderworkerset()
     assert iface.status(cr) == STATUS_INITIALIZING
-    cr["status"] = fx.conditions(("Available", "True"), ("Progressing", "False"))
+    cr["status"] = samples.conditions(("Available", "True"), ("Progressing", "False"))
     assert iface.status(cr) == STATUS_RUNNING
 
 
@@ -205,7 +205,7 @@ def test_lws_status(registry: Registry) -> None:
 
 
 def test_inferenceservice_predictor_and_transformer_form_one_gang(registry: Registry) -> None:
-    cr, pods = fx.inferenceservice(predictor_min=2)
+    cr, pods = samples.inferenceservice(predictor_min=2)
     ev = ri(registry, "serving.kserve.io/v1beta1", "InferenceService").evaluate(cr, pods)
     assert sizes(ev) == [("service/llama", 3, 3, 3)]
     assert [(i.component, i.replicas, i.max_replicas) for i in ev.instances] == [
@@ -215,16 +215,16 @@ def test_inferenceservice_predictor_and_transformer_form_one_gang(registry: Regi
 
 
 def test_inferenceservice_default_min_replicas_is_one(registry: Registry) -> None:
-    cr, pods = fx.inferenceservice(predictor_min=None, transformer=False)
+    cr, pods = samples.inferenceservice(predictor_min=None, transformer=False)
     ev = ri(registry, "serving.kserve.io/v1beta1", "InferenceService").evaluate(cr, pods)
     assert sizes(ev) == [("service/llama", 1, 1, 1)]
 
 
 def test_inferenceservice_status(registry: Registry) -> None:
     iface = ri(registry, "serving.kserve.io/v1beta1", "InferenceService")
-    cr, _ = fx.inferenceservice()
+    cr, _ = samples.inferenceservice()
     assert iface.status(cr) == STATUS_RUNNING
-    cr["status"] = fx.conditions(("Ready", "False"))
+    cr["status"] = samples.conditions(("Ready", "False"))
     assert iface.status(cr) == STATUS_INITIALIZING
 
 
@@ -232,7 +232,7 @@ def test_inferenceservice_status(registry: Registry) -> None:
 
 
 def test_trainjob_node_pods_form_the_gang_initializers_stay_out(registry: Registry) -> None:
-    cr, pods = fx.trainjob(num_nodes=4)
+    cr, pods = samples.trainjob(num_nodes=4)
     ev = ri(registry, "trainer.kubeflow.org/v1alpha1", "TrainJob").evaluate(cr, pods)
     assert sizes(ev) == [("trainer/qwen-sft", 4, 4, 4)]
     assert [(u.pod.split("-0-")[0], u.reason) for u in ev.unassigned] == [
@@ -241,16 +241,16 @@ def test_trainjob_node_pods_form_the_gang_initializers_stay_out(registry: Regist
 
 
 def test_trainjob_sized_from_num_nodes_before_pods_exist(registry: Registry) -> None:
-    cr, pods = fx.trainjob(num_nodes=4, nodes_created=1, initializers=False)
+    cr, pods = samples.trainjob(num_nodes=4, nodes_created=1, initializers=False)
     ev = ri(registry, "trainer.kubeflow.org/v1alpha1", "TrainJob").evaluate(cr, pods)
     assert sizes(ev) == [("trainer/qwen-sft", 4, 4, 1)]
 
 
 def test_trainjob_status(registry: Registry) -> None:
     iface = ri(registry, "trainer.kubeflow.org/v1alpha1", "TrainJob")
-    cr, _ = fx.trainjob()
+    cr, _ = samples.trainjob()
     assert iface.status(cr) == STATUS_RUNNING
-    cr["status"] = fx.conditions(("Complete", "True"))
+    cr["status"] = samples.conditions(("Complete", "True"))
     assert iface.status(cr) == STATUS_COMPLETED
 
 
@@ -259,7 +259,7 @@ def test_trainjob_status(registry: Registry) -> None:
 
 def test_raycluster_head_and_worker_groups_form_one_gang(registry: Registry) -> None:
     """head 1 + cpu 2x1 + gpu 2x2 hosts = 7."""
-    cr, pods = fx.raycluster()
+    cr, pods = samples.raycluster()
     ev = ri(registry, "ray.io/v1", "RayCluster").evaluate(cr, pods)
     assert sizes(ev) == [("cluster/ray", 7, 7, 7)]
     assert [(i.component, i.instance, i.replicas) for i in ev.instances] == [
@@ -271,14 +271,14 @@ def test_raycluster_head_and_worker_groups_form_one_gang(registry: Registry) -> 
 
 def test_raycluster_autoscaling_uses_min_replicas(registry: Registry) -> None:
     """In-tree autoscaling: 1 + cpu 1x1 + gpu 2x2 = 6, as KubeRay's Volcano minMember."""
-    cr, pods = fx.raycluster(autoscaling=True)
+    cr, pods = samples.raycluster(autoscaling=True)
     ev = ri(registry, "ray.io/v1", "RayCluster").evaluate(cr, pods)
     assert sizes(ev) == [("cluster/ray", 6, 7, 7)]
 
 
 def test_raycluster_status(registry: Registry) -> None:
     iface = ri(registry, "ray.io/v1", "RayCluster")
-    cr, _ = fx.raycluster()
+    cr, _ = samples.raycluster()
     assert iface.status(cr) == STATUS_RUNNING
     cr["status"] = {"state": "suspended"}
     assert iface.status(cr) == STATUS_PENDING
@@ -287,7 +287,7 @@ def test_raycluster_status(registry: Registry) -> None:
 def test_gang_keys_agree_across_threads(registry: Registry) -> None:
     """Compiled jq programs are shared by every thread that asks."""
     iface = ri(registry, "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet")
-    _, pods = fx.leaderworkerset(replicas=8, size=4)
+    _, pods = samples.leaderworkerset(replicas=8, size=4)
     expected = [iface.gang_key(p) for p in pods]
     mismatches: list[int] = []
 

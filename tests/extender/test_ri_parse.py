@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from benchmarks import ri_samples as samples
 from extender.ri import GVK, InvalidDefinition, Violation, parse
-from tests.extender import ri_fixtures as fx
 
 MINIMAL = """
 rootComponent:
@@ -81,7 +81,7 @@ def test_spec_sections_with_owner_name_spelling_parse() -> None:
 
 def test_kserve_example_parses_verbatim() -> None:
     """The spec's KServe example, tabs and all, with the spec/structureDefinition wrapper."""
-    ri = parse(fx.kserve_example_text())
+    ri = parse(samples.kserve_example_text())
     assert ri.root == GVK("serving.kserve.io", "v1beta1", "InferenceService")
     assert [c.name for c in ri.components] == ["inferenceservice", "predictor", "transformer"]
     assert ri.kinds() == (ri.root, GVK("apps", "v1", "Deployment"))

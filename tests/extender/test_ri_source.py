@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
+from benchmarks import ri_samples
 from extender.app import Extender, Options
 from extender.ri.model import GVK
 from extender.workload_types import KEY_PREFIX
-from tests.extender import ri_fixtures
 from tests.extender.fakes import FakeKube
 
 JOBSET = GVK("jobset.x-k8s.io", "v1alpha2", "JobSet")
@@ -27,7 +27,7 @@ def ext() -> Iterator[Extender]:
 
 
 def jobset_objects() -> tuple[dict, dict, dict]:  # type: ignore[type-arg]
-    cr, pods = ri_fixtures.jobset("llm", rjobs=(("workers", 1, 2),))
+    cr, pods = ri_samples.jobset("llm", rjobs=(("workers", 1, 2),))
     cr["metadata"]["uid"] = "js-uid"
     job = {
         "apiVersion": "batch/v1",

@@ -1,9 +1,16 @@
-"""Realistic CRs and the pods their real controllers create (labels, annotations, ownerReferences).
+"""Realistic RI sample workloads: each framework's CR and the pods its real controller creates.
 
-Each builder returns (cr, pods). Labels follow the controllers' source: Kubeflow training-operator
+Each builder returns (cr, pods), sized by its arguments (workers, replicas, which pods the
+controller has created so far). Labels follow the controllers' source: Kubeflow training-operator
 v1 (lower-cased replica type), mpi-operator v2 (job-role), JobSet (jobset.sigs.k8s.io/* plus the
 Job controller's batch.kubernetes.io/*), LWS (controller + pod webhook), KServe (component label),
-Kubeflow Trainer v2 (via its JobSet), KubeRay (ray.io/*).
+Kubeflow Trainer v2 (via its JobSet), KubeRay (ray.io/*). `kserve_example_text` is the RI spec's
+KServe definition, verbatim.
+
+Why here: the unit tests (tests/extender/test_ri_*), the e2e tests and benchmarks/ri_keys.py all
+use these builders. Benchmarks may not import tests (an import-linter contract), tests may import
+benchmarks, so the one copy lives on the benchmarks side. They are Python rather than YAML under
+config/ because every caller sizes them.
 """
 
 from __future__ import annotations
@@ -78,6 +85,16 @@ def pod(
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         },
         "status": {"phase": "Pending"},
+    }
+
+
+def job_labels(job_name: str) -> dict[str, str]:
+    """The labels the Job controller puts on its pods (both spellings, as Kubernetes 1.27+ does)."""
+    return {
+        "batch.kubernetes.io/job-name": job_name,
+        "job-name": job_name,
+        "batch.kubernetes.io/controller-uid": _uid("Job", job_name),
+        "controller-uid": _uid("Job", job_name),
     }
 
 
@@ -162,14 +179,7 @@ def mpijob(name: str = "allreduce", *, workers: int = 4, wait_for_workers: bool 
     }
     base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
     job_name = f"{name}-launcher"
-    launcher_labels = {
-        **base,
-        "training.kubeflow.org/job-role": "launcher",
-        "batch.kubernetes.io/job-name": job_name,
-        "job-name": job_name,
-        "batch.kubernetes.io/controller-uid": _uid("Job", job_name),
-        "controller-uid": _uid("Job", job_name),
-    }
+    launcher_labels = {**base, "training.kubeflow.org/job-role": "launcher", **job_labels(job_name)}
     pods = (
         []
         if wait_for_workers
@@ -239,13 +249,7 @@ def _jobset_pod(name: str, rj: str, replicas: int, j: int, k: int, job_name: str
         "jobset.sigs.k8s.io/job-key": hashlib.sha1(f"{NS}/{job_name}".encode()).hexdigest(),
         "jobset.sigs.k8s.io/restart-attempt": "0",
     }
-    job = {
-        "batch.kubernetes.io/job-name": job_name,
-        "job-name": job_name,
-        "batch.kubernetes.io/controller-uid": _uid("Job", job_name),
-        "controller-uid": _uid("Job", job_name),
-        "batch.kubernetes.io/job-completion-index": str(k),
-    }
+    job = {**job_labels(job_name), "batch.kubernetes.io/job-completion-index": str(k)}
     annotations = {**js, "batch.kubernetes.io/job-completion-index": str(k)}
     return pod(
         f"{job_name}-{k}-{_uid(job_name, str(k))[:5]}",
@@ -278,53 +282,35 @@ def leaderworkerset(
         },
         "status": conditions(("Progressing", "True")),
     }
-    revision = "5c5fcdfb44"
-    pods = []
-    for g in range(replicas):
-        leader = f"{name}-{g}"
-        group_key = hashlib.sha1(f"{NS}/{leader}".encode()).hexdigest()
-        pods.append(
-            pod(
-                leader,
-                owner_ref=owner("apps/v1", "StatefulSet", name),
-                gpus=8,
-                container="vllm-leader",
-                labels={
-                    "leaderworkerset.sigs.k8s.io/name": name,
-                    "leaderworkerset.sigs.k8s.io/template-revision-hash": revision,
-                    "leaderworkerset.sigs.k8s.io/worker-index": "0",
-                    "leaderworkerset.sigs.k8s.io/group-index": str(g),
-                    "leaderworkerset.sigs.k8s.io/group-key": group_key,
-                    "apps.kubernetes.io/pod-index": str(g),
-                    "statefulset.kubernetes.io/pod-name": leader,
-                },
-                annotations={"leaderworkerset.sigs.k8s.io/size": str(size)},
-            )
-        )
-        for w in range(1, size) if workers_created else ():
-            worker = f"{leader}-{w}"
-            pods.append(
-                pod(
-                    worker,
-                    owner_ref=owner("apps/v1", "StatefulSet", leader),
-                    gpus=8,
-                    container="vllm-worker",
-                    labels={
-                        "leaderworkerset.sigs.k8s.io/name": name,
-                        "leaderworkerset.sigs.k8s.io/template-revision-hash": revision,
-                        "leaderworkerset.sigs.k8s.io/group-index": str(g),
-                        "leaderworkerset.sigs.k8s.io/group-key": group_key,
-                        "leaderworkerset.sigs.k8s.io/worker-index": str(w),
-                        "apps.kubernetes.io/pod-index": str(w),
-                        "statefulset.kubernetes.io/pod-name": worker,
-                    },
-                    annotations={
-                        "leaderworkerset.sigs.k8s.io/size": str(size),
-                        "leaderworkerset.sigs.k8s.io/leader-name": leader,
-                    },
-                )
-            )
-    return cr, pods
+    members = size if workers_created else 1  # leaders come first: they own the worker StatefulSets
+    return cr, [_lws_pod(name, g, w, size) for g in range(replicas) for w in range(members)]
+
+
+def _lws_pod(name: str, group: int, worker: int, size: int) -> JSON:
+    """Worker 0 is the leader (owned by the LWS's StatefulSet); the others belong to the
+    leader's own StatefulSet and carry its name."""
+    leader = f"{name}-{group}"
+    pod_name = leader if worker == 0 else f"{leader}-{worker}"
+    role = "vllm-leader" if worker == 0 else "vllm-worker"
+    annotations = {"leaderworkerset.sigs.k8s.io/size": str(size)}
+    if worker:
+        annotations["leaderworkerset.sigs.k8s.io/leader-name"] = leader
+    return pod(
+        pod_name,
+        owner_ref=owner("apps/v1", "StatefulSet", name if worker == 0 else leader),
+        gpus=8,
+        container=role,
+        labels={
+            "leaderworkerset.sigs.k8s.io/name": name,
+            "leaderworkerset.sigs.k8s.io/template-revision-hash": "5c5fcdfb44",
+            "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+            "leaderworkerset.sigs.k8s.io/group-index": str(group),
+            "leaderworkerset.sigs.k8s.io/group-key": hashlib.sha1(f"{NS}/{leader}".encode()).hexdigest(),
+            "apps.kubernetes.io/pod-index": str(group if worker == 0 else worker),
+            "statefulset.kubernetes.io/pod-name": pod_name,
+        },
+        annotations=annotations,
+    )
 
 
 # --- KServe ---------------------------------------------------------------------------------------
