@@ -31,6 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from benchmarks.common import median, percentile, record
+from benchmarks.synth import BLOCK, RACK, ZONE, Shape, cluster, with_used
 from solver import (
     ClusterSnapshot,
     EqGroup,
@@ -49,7 +50,6 @@ from solver.greedy import greedy
 from solver.ledger import Ledger
 from solver.objective import compactness
 from solver.problem import prepare
-from solver.synth import BLOCK, RACK, ZONE, Shape, cluster, with_used
 from solver.topology import TopologyIndex
 
 SIZES = {1024: Shape(4, 1, 8, 32), 4096: Shape(4, 4, 8, 32), 16384: Shape(4, 16, 8, 32)}

@@ -1,8 +1,8 @@
-"""Synthetic clusters and gangs for tests and benchmarks (seeded, reproducible).
+"""Synthetic clusters for the solver benchmarks (seeded, reproducible).
 
 A cluster is zones > blocks > racks > hosts of identical GPU nodes; occupancy takes whole
-GPUs (and matching CPU and memory) from a share of the nodes. `plant()` frees an exact set of
-nodes so that a known placement exists in an otherwise full cluster.
+GPUs (and matching CPU and memory) from a share of the nodes. `with_used()` replaces some
+nodes' used GPUs, so that a known placement exists in an otherwise full cluster.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from solver.model import ClusterSnapshot, GpuDevice, Node, NodeName, Resources
+from solver import ClusterSnapshot, GpuDevice, Node, NodeName, Resources
 
 LEVELS = ("topology.phalanx.io/zone", "topology.phalanx.io/block", "topology.phalanx.io/rack", "kubernetes.io/hostname")
 ZONE, BLOCK, RACK, HOST = LEVELS
