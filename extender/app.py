@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 
-from extender import logs, pools
+from extender import logs
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
@@ -29,13 +29,15 @@ from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WOR
 from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
 from extender.pools import Hardware
+from extender.read_api import ReadApi
 from extender.ri.model import GVK
 from extender.ri.registry import Registry
 from extender.server import Server
+from extender.sharing import Sharing
 from extender.verbs import Verbs
 from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
-from solver import Node, SolverParams
+from solver import SolverParams
 
 log = structlog.get_logger("phalanx.app")
 
@@ -59,7 +61,7 @@ class Extender:
         self.gang_objects = GangObjects()
         notifier = Notifier(self.binder)
         self.registry = Registry()
-        self.ri = RISource(self.registry, lambda uid: self.cache.pods.get(uid))
+        self.ri = RISource(self.registry, self.cache.pod)
         self.gangs = GangManager(
             self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
         )
@@ -73,7 +75,9 @@ class Extender:
             warn=self._warn_workload_type,
         )
         self.dynamic.sync(self.ri.watched_kinds())
-        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics, self.gangs)
+        self.sharing = Sharing(self.cache, enabled=self.config.gpu.fragmentation_scoring)
+        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics, self.gangs, sharing=self.sharing)
+        self.read_api = ReadApi(self.cache, self.gangs)
         self.reflectors = [
             Reflector(
                 kube, "/api/v1/nodes", on_list=self.cache.replace_nodes, on_event=self.cache.node_event, name="nodes"
@@ -113,9 +117,9 @@ class Extender:
             metrics=self.metrics,
             ready=self.ready,
             reads={
-                "/api/v1/gangs": self._read_gangs,
-                "/api/v1/nodes": self._read_nodes,
-                "/api/v1/pools": self._read_pools,
+                "/api/v1/gangs": self.read_api.gangs_,
+                "/api/v1/nodes": self.read_api.nodes,
+                "/api/v1/pools": self.read_api.pools,
             },
             apis={"/api/v1/workload-types": self.workload_types.api},
         )
@@ -136,7 +140,7 @@ class Extender:
 
     def _solver_params(self) -> SolverParams:
         """The configured parameters, with the cluster's current workload for fragmentation."""
-        return replace(self.config.solver_params(), workload=self.verbs.workload())
+        return replace(self.config.solver_params(), workload=self.sharing.workload())
 
     def _ri_event(self, gvk: GVK, event: str, obj: dict[str, Any]) -> None:
         self.ri.event(gvk, event, obj)
@@ -161,74 +165,6 @@ class Extender:
         meta = obj.get("metadata") or {}
         self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
 
-    def _read_gangs(self, rest: str) -> tuple[int, Any]:
-        """GET /api/v1/gangs and /api/v1/gangs/{namespace}/{name}."""
-        gangs = self.gangs.describe()
-        parts = [p for p in rest.split("/") if p]
-        if not parts:
-            return 200, {"gangs": gangs}
-        if len(parts) != 2:
-            return 404, {"error": "use /api/v1/gangs/{namespace}/{name}"}
-        prefix = f"{parts[0]}/{parts[1]}"
-        matching = [g for g in gangs if _named(g["key"], prefix)]
-        if not matching:
-            return 404, {"error": f"no gang {prefix}"}
-        return 200, {"gangs": matching}
-
-    def _read_pools(self, rest: str) -> tuple[int, Any]:
-        """GET /api/v1/pools and /api/v1/pools/{name}: capacity per GPU pool (TFLOPs physical,
-        virtual with oversubscription, allocated and available; VRAM likewise). Nodes in no
-        pool are summed under the name "-"."""
-        hardware = self.cache.hardware
-        members: dict[str, list[Node]] = {p.name: [] for p in hardware.pools}
-        members["-"] = []
-        for node in self.cache.snapshot().nodes:
-            pool = hardware.pool_of(node.name, node.labels)
-            members[pool.name if pool is not None else "-"].append(node)
-        out = [pools.summary(hardware.by_name.get(name), name, nodes) for name, nodes in members.items()]
-        wanted = rest.strip("/")
-        if not wanted:
-            return 200, {"pools": out}
-        found = [p for p in out if p["name"] == wanted]
-        return (200, found[0]) if found else (404, {"error": f"no GPU pool {wanted!r}"})
-
-    def _read_nodes(self, rest: str) -> tuple[int, Any]:
-        """GET /api/v1/nodes/{name}: the cache's view of one node (what the solver sees)."""
-        name = rest.strip("/")
-        model = self.cache.node_model(name)
-        if model is None:
-            return 404, {"error": f"no node {name!r} in the cache"}
-        with self.cache.lock:
-            uids = sorted(self.cache.on_node.get(name, set()))
-            counted = [
-                {
-                    "pod": self.cache.pods[u].key if u in self.cache.pods else None,
-                    "uid": u,
-                    "assumed": u in self.cache.assumed,
-                }
-                for u in uids
-                if u in self.cache.pods or u in self.cache.assumed
-            ]
-        free = model.free
-        return 200, {
-            "name": name,
-            "topology": list(model.topology),
-            "free": {"cpuMilli": free.cpu_milli, "memoryMiB": free.memory_mib, "pods": free.pods},
-            "gpus": [
-                {
-                    "index": d.index,
-                    "freeMilli": d.free_milli,
-                    "freeMemoryMiB": d.free_memory_mib,
-                    "mig": {s.profile: s.free for s in d.mig},
-                    "migLayout": [{"profile": s.profile, "start": s.start} for s in d.mig_layout],
-                    "tflops": d.tflops / 1000,
-                    "freeTFlops": d.free_tflops / 1000,
-                }
-                for d in model.gpus
-            ],
-            "pods": counted,
-        }
-
     def _sweep(self) -> None:
         ticks = 0
         while not self._stopping.wait(1.0):
@@ -238,7 +174,7 @@ class Extender:
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up
                 if ticks % 10 == 1:
-                    self.verbs.refresh_workload()  # the fragmentation measure's target workload
+                    self.sharing.refresh()  # the fragmentation measure's target workload
             except Exception:
                 log.exception("periodic sweep failed")
 
@@ -273,9 +209,9 @@ class Extender:
         self.server.close_connections()
 
     def ready(self) -> bool:
-        with self.cache.lock:
-            self.metrics.cache_objects.labels("nodes").set(len(self.cache.nodes))
-            self.metrics.cache_objects.labels("pods").set(len(self.cache.pods))
+        nodes, pods = self.cache.counts()
+        self.metrics.cache_objects.labels("nodes").set(nodes)
+        self.metrics.cache_objects.labels("pods").set(pods)
         synced = all(r.listed.is_set() for r in self.reflectors)
         if synced and not self._gc_tuned:
             # The cache is a large, long-lived heap: move it out of the collector's way, and
@@ -312,9 +248,3 @@ class Extender:
         self.verbs.config = config
         self.cache.configure(config.topology.levels, Hardware(config.gpu))
         logs.configure(config.server.log_level)
-
-
-def _named(key: str, prefix: str) -> bool:
-    """Whether a gang key ("wl:ns/name/group/replica", "pg:ns/name") belongs to ns/name."""
-    body = key.split(":", 1)[-1]
-    return body == prefix or body.startswith(prefix + "/")

@@ -1,21 +1,39 @@
 """The watch cache: nodes and pods as the solver sees them, with assumed placements.
 
-Mutable and locked. Every change bumps `generation`; every change that touches a node bumps
-that node's version, so derived values (the solver `Node` with its usage, per-shape fits in
-the verbs) are rebuilt only for nodes that moved. Pods the extender has bound but the watch
-has not yet shown on their node are *assumed*: they count on their node at once, so nothing
-is double-booked between bind and the watch event, and are forgotten if the bind fails.
+Mutable and locked behind a narrow interface: callers use the methods below, never the
+dictionaries or the lock. Every change bumps `generation`; every change that touches a node
+bumps that node's version, so derived values (the solver `Node` with its usage, per-shape
+fits in the verbs) are rebuilt only for nodes that moved.
+
+A pod's life in the cache, as kube-scheduler's own cache interface writes it down:
+
+    initial --assume--> assumed --watch shows it bound--> added --watch DELETED--> deleted
+                 |                                  ^
+                 +--forget (bind failed, gang released)--> initial
+    initial --watch shows it bound (bound elsewhere)--> added
+
+- *assumed*: counted on its node at once, before the API server and the watch confirm it, so
+  nothing is double-booked between a decision and the watch event (`assume`, `assume_chosen`).
+- *added*: the watch shows the pod on a node; its devices come from its annotation, or from
+  the assumption while the annotation is not seen yet. Bound elsewhere than assumed: the
+  assumed node stops counting it.
+- *forget*: an assumed pod whose bind failed, or whose gang reservation was released, is no
+  longer counted where it was assumed (unless the watch has meanwhile shown it there).
+- *deleted*: the watch's DELETED, or a re-list without it, drops it wherever it was counted.
 
 Device usage comes from each pod's `phalanx.io/gpu-devices` annotation; a GPU pod bound
 without one (bound by another scheduler) is given devices deterministically when its node is
 rebuilt, so accounting stays whole after any restart.
+
+Listeners (`on_pod_change`) are called with (old, new) under the cache's lock; they must only
+update their own state (taking only their own leaf lock), never call back into the cache.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -37,41 +55,75 @@ from solver import (
 
 log = structlog.get_logger("phalanx.cache")
 
+PodListener = Callable[[PodInfo | None, PodInfo | None], None]
+#: Chooses a pod's devices on a node's current model (None: it does not fit there).
+Chooser = Callable[[Node], tuple[DeviceAssignment, ...] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Assumed:
+    """A placement the cache counts before the watch confirms it."""
+
+    node: str
+    devices: tuple[DeviceAssignment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Counted:
+    """One pod a node counts, for the read API."""
+
+    uid: str
+    key: str | None  # namespace/name; None for a pod assumed but not seen by the watch
+    assumed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Nodes touched since a reader's cursor; `nodes` is None when the log was trimmed in
+    between (the reader starts over)."""
+
+    nodes: list[str] | None
+    epoch: int
+    cursor: int
+
 
 class Cache:
     def __init__(self, levels: tuple[str, ...], hardware: Hardware | None = None) -> None:
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
         self.levels = levels
         self.hardware = hardware if hardware is not None else Hardware(GpuConfig())
         self.generation = 0
-        self.nodes: dict[str, NodeInfo] = {}
-        self.raw_nodes: dict[str, JSON] = {}  # kept to re-derive paths when levels change
-        self.pods: dict[str, PodInfo] = {}  # uid -> pod
-        self.assumed: dict[str, tuple[str, tuple[DeviceAssignment, ...]]] = {}  # uid -> (node, devices)
-        self.on_node: dict[str, set[str]] = {}  # node -> uids counted there
-        self.version: dict[str, int] = {}
+        self._nodes: dict[str, NodeInfo] = {}
+        self._raw_nodes: dict[str, JSON] = {}  # kept to re-derive paths when levels change
+        self._pods: dict[str, PodInfo] = {}  # uid -> pod
+        self._assumed: dict[str, Assumed] = {}  # uid -> placement counted before the watch shows it
+        self._on_node: dict[str, set[str]] = {}  # node -> uids counted there
+        self._version: dict[str, int] = {}
         self._models: dict[str, tuple[int, Node]] = {}
         # Every node touch, in order: readers remember how far they have read and re-check
         # only the nodes touched since. Trimmed by starting a new epoch.
         self._changes: list[str] = []
-        self.epoch = 0
-        # Called under the lock with (old, new) on every pod change; None for absent.
-        self.pod_listeners: list[Callable[[PodInfo | None, PodInfo | None], None]] = []
+        self._epoch = 0
+        self._listeners: list[PodListener] = []
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
         self._models_seen: set[str] = set()
 
-    # ------------------------------------------------------------------ events
+    def on_pod_change(self, listener: PodListener) -> None:
+        """Call `listener(old, new)` under the lock on every pod change (None for absent)."""
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------ watch events
 
     def replace_nodes(self, items: Iterable[JSON]) -> None:
-        with self.lock:
+        with self._lock:
             fresh = {(obj.get("metadata") or {}).get("name", ""): obj for obj in items}
-            for name in set(self.nodes) - set(fresh):
+            for name in set(self._nodes) - set(fresh):
                 self._drop_node(name)
             for obj in fresh.values():
                 self._set_raw_node(obj)
 
     def node_event(self, kind: str, obj: JSON) -> None:
-        with self.lock:
+        with self._lock:
             if kind == "DELETED":
                 self._drop_node((obj.get("metadata") or {}).get("name", ""))
             else:
@@ -79,22 +131,17 @@ class Cache:
 
     def configure(self, levels: tuple[str, ...], hardware: Hardware) -> None:
         """New topology levels, GPU ratings or pools: re-derive every node from its object."""
-        with self.lock:
+        with self._lock:
             if (levels, hardware) == (self.levels, self.hardware):
                 return
             self.levels, self.hardware = levels, hardware
-            for obj in list(self.raw_nodes.values()):
+            for obj in list(self._raw_nodes.values()):
                 self._set_raw_node(obj)
 
-    def _set_raw_node(self, obj: JSON) -> None:
-        info = node_info(obj, self.levels, self.hardware)
-        self.raw_nodes[info.name] = obj
-        self._set_node(info)
-
     def replace_pods(self, items: Iterable[JSON]) -> None:
-        with self.lock:
+        with self._lock:
             fresh = {p.uid: p for p in map(pod_info, items)}
-            for uid in set(self.pods) - set(fresh):
+            for uid in set(self._pods) - set(fresh):
                 self._drop_pod(uid)
             for pod in fresh.values():
                 self._set_pod(pod)
@@ -102,119 +149,191 @@ class Cache:
     def pod_event(self, kind: str, obj: JSON) -> None:
         meta = obj.get("metadata") or {}
         if kind == "DELETED":
-            with self.lock:
+            with self._lock:
                 self._drop_pod(meta.get("uid", ""))
             return
-        old = self.pods.get(meta.get("uid", ""))
+        old = self._pods.get(meta.get("uid", ""))
         if old is not None and _same_placement(old, obj):
             return  # status chatter (conditions, IPs): nothing the solver sees changed
         info = pod_info(obj)  # parsed outside the lock
-        with self.lock:
+        with self._lock:
             self._set_pod(info)
 
-    def _set_node(self, info: NodeInfo) -> None:
-        if self.nodes.get(info.name) == info:
+    def _set_raw_node(self, obj: JSON) -> None:
+        info = node_info(obj, self.levels, self.hardware)
+        self._raw_nodes[info.name] = obj
+        if self._nodes.get(info.name) == info:
             return
-        self.nodes[info.name] = info
+        self._nodes[info.name] = info
         self._models_seen.update(d.model for d in info.devices)
         self._touch(info.name)
 
     def _drop_node(self, name: str) -> None:
-        self.raw_nodes.pop(name, None)
-        if self.nodes.pop(name, None) is not None:
+        self._raw_nodes.pop(name, None)
+        if self._nodes.pop(name, None) is not None:
             self._touch(name)
 
     def _set_pod(self, pod: PodInfo) -> None:
-        old = self.pods.get(pod.uid)
+        old = self._pods.get(pod.uid)
         if old == pod:
             return
-        self.pods[pod.uid] = pod
-        if pod.node and pod.uid in self.assumed:
-            node, devices = self.assumed.pop(pod.uid)
-            if node != pod.node:
+        self._pods[pod.uid] = pod
+        assumed = self._assumed.get(pod.uid) if pod.node else None
+        if assumed is not None:  # assumed -> added
+            del self._assumed[pod.uid]
+            if assumed.node != pod.node:
                 # Bound elsewhere than assumed: the assumed node must not keep counting it.
-                self.on_node.get(node, set()).discard(pod.uid)
-                self._touch(node)
+                self._uncount(pod.uid, assumed.node)
             elif pod.devices is None:
-                self.pods[pod.uid] = pod = replace(pod, devices=devices)
+                self._pods[pod.uid] = pod = replace(pod, devices=assumed.devices)
         self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
-        for listener in self.pod_listeners:
+        for listener in self._listeners:
             listener(old, pod)
 
     def _drop_pod(self, uid: str) -> None:
-        pod = self.pods.pop(uid, None)
-        assumed = self.assumed.pop(uid, None)
-        if assumed is not None and (pod is None or pod.node != assumed[0]):
+        pod = self._pods.pop(uid, None)
+        assumed = self._assumed.pop(uid, None)
+        if assumed is not None and (pod is None or pod.node != assumed.node):
             # A reserved (assumed, not yet bound) pod was deleted: its node's model must be
             # rebuilt, or the reservation would stay counted there for good.
-            self.on_node.get(assumed[0], set()).discard(uid)
-            self._touch(assumed[0])
+            self._uncount(uid, assumed.node)
         if pod is not None:
             self._place(uid, pod.node, "")
-            for listener in self.pod_listeners:
+            for listener in self._listeners:
                 listener(pod, None)
 
     def _place(self, uid: str, old: str, new: str) -> None:
         if old and old != new:
-            self.on_node.get(old, set()).discard(uid)
-            self._touch(old)
+            self._uncount(uid, old)
         if new:
-            self.on_node.setdefault(new, set()).add(uid)
+            self._on_node.setdefault(new, set()).add(uid)
             self._touch(new)
         else:
             self.generation += 1
 
+    def _uncount(self, uid: str, node: str) -> None:
+        self._on_node.get(node, set()).discard(uid)
+        self._touch(node)
+
     def _touch(self, node: str) -> None:
         self.generation += 1
-        self.version[node] = self.version.get(node, 0) + 1
+        self._version[node] = self._version.get(node, 0) + 1
         self._changes.append(node)
         if len(self._changes) > 200_000:
             self._changes = []
-            self.epoch += 1
+            self._epoch += 1
 
-    def changes_since(self, epoch: int, cursor: int) -> tuple[list[str] | None, int, int]:
-        """Nodes touched since (epoch, cursor), or None when the log was trimmed in between
-        (the reader starts over); with the new (epoch, cursor)."""
-        with self.lock:
-            if epoch != self.epoch:
-                return None, self.epoch, len(self._changes)
-            return self._changes[cursor:], epoch, len(self._changes)
+    # ------------------------------------------------------------------ assume / forget
+
+    def assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...], *, known_only: bool = False) -> bool:
+        """Count a pod on `node` now, before the API server and the watch confirm it. With
+        `known_only`, only a pod the watch has shown (a gang member deleted while its gang
+        was solved gets no reservation). Whether it was assumed."""
+        with self._lock:
+            if known_only and uid not in self._pods:
+                return False
+            self._assume(uid, node, devices)
+            return True
+
+    def _assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        self._assumed[uid] = Assumed(node, devices)
+        self._on_node.setdefault(node, set()).add(uid)
+        self._touch(node)
+
+    def assume_chosen(self, uid: str, node: str, choose: Chooser) -> tuple[DeviceAssignment, ...] | None:
+        """Choose a pod's devices on `node` and count them at once, atomically (two binds to
+        one node never pick the same device; no lock is held across API calls). A pod already
+        assumed on `node` keeps its devices (a retried bind). None: not on this node."""
+        with self._lock:
+            assumed = self._assumed.get(uid)
+            if assumed is not None and assumed.node == node:
+                return assumed.devices
+            model = self.node_model(node)
+            devices = choose(model) if model is not None else None
+            if devices is not None:
+                self._assume(uid, node, devices)
+            return devices
+
+    def forget(self, uid: str) -> None:
+        """assumed -> initial: the bind failed or the reservation was released."""
+        with self._lock:
+            entry = self._assumed.pop(uid, None)
+            if entry is not None:
+                pod = self._pods.get(uid)
+                if pod is None or pod.node != entry.node:
+                    self._on_node.get(entry.node, set()).discard(uid)
+                self._touch(entry.node)
+
+    def forget_unbound(self, uids: Iterable[str]) -> None:
+        """Forget the assumptions of those pods the watch does not show bound."""
+        with self._lock:
+            for uid in uids:
+                pod = self._pods.get(uid)
+                if pod is None or not pod.node:
+                    self.forget(uid)
+
+    def assumed(self, uid: str) -> Assumed | None:
+        with self._lock:
+            return self._assumed.get(uid)
+
+    def assumed_uids(self) -> set[str]:
+        with self._lock:
+            return set(self._assumed)
+
+    # ------------------------------------------------------------------ reads
+
+    def pod(self, uid: str) -> PodInfo | None:
+        return self._pods.get(uid)
+
+    def pods(self, uids: Iterable[str]) -> list[PodInfo]:
+        """The known pods among `uids` (one consistent read)."""
+        with self._lock:
+            return [p for u in uids if (p := self._pods.get(u)) is not None]
+
+    def active_shapes(self) -> list[PodShape]:
+        """The shapes of every running or pending pod with a valid request (the workload)."""
+        with self._lock:
+            return [PodShape(p.requests, p.demand) for p in self._pods.values() if p.active and not p.error]
+
+    def counts(self) -> tuple[int, int]:
+        """(nodes, pods) the cache holds."""
+        with self._lock:
+            return len(self._nodes), len(self._pods)
+
+    def counted(self, node: str) -> list[Counted]:
+        """The pods `node` counts, for the read API."""
+        with self._lock:
+            out = []
+            for uid in sorted(self._on_node.get(node, set())):
+                pod = self._pods.get(uid)
+                if pod is not None or uid in self._assumed:
+                    out.append(Counted(uid, pod.key if pod is not None else None, uid in self._assumed))
+            return out
+
+    def changes_since(self, epoch: int, cursor: int) -> Changes:
+        """Nodes touched since (epoch, cursor), with the new cursor."""
+        with self._lock:
+            if epoch != self._epoch:
+                return Changes(None, self._epoch, len(self._changes))
+            return Changes(self._changes[cursor:], epoch, len(self._changes))
 
     def pool_models(self, pool: Pool) -> frozenset[str] | None:
         """The GPU models of the cluster `pool` allows (its filters match substrings of the
         models nodes have shown); None when it allows every model."""
         if not pool.model_filters:
             return None
-        with self.lock:
+        with self._lock:
             return pool.models(self._models_seen)
-
-    # ------------------------------------------------------------------ assume
-
-    def assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
-        """Count a pod on `node` now, before the API server and the watch confirm it."""
-        with self.lock:
-            self.assumed[uid] = (node, devices)
-            self.on_node.setdefault(node, set()).add(uid)
-            self._touch(node)
-
-    def forget(self, uid: str) -> None:
-        with self.lock:
-            entry = self.assumed.pop(uid, None)
-            if entry is not None:
-                pod = self.pods.get(uid)
-                if pod is None or pod.node != entry[0]:
-                    self.on_node.get(entry[0], set()).discard(uid)
-                self._touch(entry[0])
 
     # ------------------------------------------------------------------ models
 
     def node_model(self, name: str) -> Node | None:
         """The solver's view of one node, rebuilt only when its version moved."""
-        with self.lock:
-            info = self.nodes.get(name)
+        with self._lock:
+            info = self._nodes.get(name)
             if info is None:
                 return None
-            version = self.version.get(name, 0)
+            version = self._version.get(name, 0)
             cached = self._models.get(name)
             if cached is not None and cached[0] == version:
                 return cached[1]
@@ -224,18 +343,26 @@ class Cache:
 
     def snapshot(self) -> ClusterSnapshot:
         """Every node, for a gang solve; rebuilt only when the generation moved."""
-        with self.lock:
+        with self._lock:
             if self._snapshot is not None and self._snapshot[0] == self.generation:
                 return self._snapshot[1]
-            nodes = tuple(m for name in sorted(self.nodes) if (m := self.node_model(name)) is not None)
+            nodes = tuple(m for name in sorted(self._nodes) if (m := self.node_model(name)) is not None)
             snap = ClusterSnapshot(nodes, self.levels, self.generation)
             self._snapshot = (self.generation, snap)
             return snap
 
+    def snapshot_without(self, gone: Callable[[PodInfo], bool]) -> ClusterSnapshot:
+        """Every node as it would be with the pods `gone` selects evicted (a what-if for
+        preemption; never memoised)."""
+        with self._lock:
+            uids = {u for u, p in self._pods.items() if p.node and gone(p)}
+            nodes = tuple(self._build(self._nodes[name], exclude=uids) for name in sorted(self._nodes))
+            return ClusterSnapshot(nodes, self.levels, self.generation)
+
     def node_model_without(self, name: str, uids: set[str]) -> Node | None:
         """The node as it would be with the given pods gone (preemption victims)."""
-        with self.lock:
-            info = self.nodes.get(name)
+        with self._lock:
+            info = self._nodes.get(name)
             return None if info is None else self._build(info, exclude=uids)
 
     def _build(self, info: NodeInfo, exclude: set[str] | frozenset[str] = frozenset()) -> Node:
@@ -243,14 +370,14 @@ class Cache:
         used_ext: dict[str, int] = {}
         devices = {d.index: DeviceState.of(d) for d in info.devices}
         unplaced: list[PodInfo] = []
-        for uid in sorted(self.on_node.get(info.name, set()) - exclude):
-            pod, assumed = self.pods.get(uid), self.assumed.get(uid)
-            if pod is None and assumed is None:
+        for uid in sorted(self._on_node.get(info.name, set()) - exclude):
+            pod = self._pods.get(uid)
+            if pod is None and uid not in self._assumed:
                 continue
             if pod is not None and not pod.active:
                 continue
-            req = pod.requests if pod is not None else None
-            if req is not None:
+            if pod is not None:
+                req = pod.requests
                 used_cpu += req.cpu_milli
                 used_mem += req.memory_mib
                 used_pods += req.pods
@@ -277,29 +404,31 @@ class Cache:
 
     def share_contents(self, node: str) -> dict[int, list[int]]:
         """Per device index of `node`, the shares (milli, below a whole GPU) its pods hold, for
-        the packer (solver.packing). Call under the lock."""
-        out: dict[int, list[int]] = {}
-        for uid in self.on_node.get(node, ()):
-            pod = self.pods.get(uid)
-            if pod is not None and not pod.active:
-                continue  # as _build: a finished pod holds nothing
-            for a in self._assigned(uid) or ():
-                if 0 < a.milli < FULL_SHARE and not a.mig_profile:
-                    out.setdefault(a.index, []).append(a.milli)
-        return out
+        the packer (solver.packing)."""
+        with self._lock:
+            out: dict[int, list[int]] = {}
+            for uid in self._on_node.get(node, ()):
+                pod = self._pods.get(uid)
+                if pod is not None and not pod.active:
+                    continue  # as _build: a finished pod holds nothing
+                for a in self._assigned(uid) or ():
+                    if 0 < a.milli < FULL_SHARE and not a.mig_profile:
+                        out.setdefault(a.index, []).append(a.milli)
+            return out
+
+    def all_share_contents(self) -> dict[str, dict[int, list[int]]]:
+        """`share_contents` of every node that counts pods, in one consistent read."""
+        with self._lock:
+            return {node: contents for node in list(self._on_node) if (contents := self.share_contents(node))}
 
     def _assigned(self, uid: str) -> tuple[DeviceAssignment, ...] | None:
         """The devices a counted pod holds: its assumed ones while a bind is in flight, else
         its annotation's (None: not known yet)."""
-        assumed = self.assumed.get(uid)
+        assumed = self._assumed.get(uid)
         if assumed is not None:
-            return assumed[1]
-        pod = self.pods.get(uid)
+            return assumed.devices
+        pod = self._pods.get(uid)
         return pod.devices if pod is not None else None
-
-    def assumed_usage(self, uid: str) -> tuple[str, tuple[DeviceAssignment, ...]] | None:
-        with self.lock:
-            return self.assumed.get(uid)
 
 
 def _same_placement(old: PodInfo, obj: JSON) -> bool:
@@ -321,4 +450,4 @@ def _infer_devices(node: Node, pods: list[PodInfo]) -> Node:
     return replace(node, gpus=tuple(d.freeze() for d in state.devices))
 
 
-__all__ = ["Cache", "NodeName"]
+__all__ = ["Assumed", "Cache", "Changes", "Counted", "NodeName"]

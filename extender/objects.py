@@ -78,6 +78,7 @@ class PodInfo:
     pool: str = ""  # GPU pool the pod asks for ("" = none)
     qos: str = ""  # QoS level within its pool
     owners: tuple[OwnerRef, ...] = ()
+    priority: int = 0  # spec.priority: who may preempt whom
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
     @property
@@ -187,8 +188,15 @@ def pod_info(obj: JSON) -> PodInfo:
         pool=pool,
         qos=annotation(annotations, QOS_ANNOTATIONS),
         owners=owner_refs(meta),
+        priority=_priority(spec.get("priority")),
         obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
     )
+
+
+def _priority(value: Any) -> int:
+    """spec.priority (the admission plugin resolves priorityClassName into it); 0 if absent
+    or not an int32, as kube-scheduler treats a pod without one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31 else 0
 
 
 def owner_refs(meta: JSON) -> tuple[OwnerRef, ...]:

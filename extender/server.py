@@ -1,8 +1,10 @@
-"""HTTP server: the extender verbs, health, readiness, metrics and the read API.
+"""HTTP server: the extender verbs, health, readiness, metrics and the REST APIs.
 
 A threading HTTP/1.1 server with keep-alive (kube-scheduler reuses its connections); each
-request runs in its own thread, so a bind that waits never blocks a filter. Malformed input
-gets 400 with a message, an internal fault 500; nothing a client sends can stop the server.
+request runs in its own thread, so a bind that waits never blocks a filter. One route table
+(`Server.routes`, built in `__init__`) maps method and path to a handler; malformed input gets
+400 with a message, an internal fault 500; nothing a client sends can stop the server.
+Per-call logging is the handlers' own (one debug line per verb call), not the server's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,9 +29,41 @@ log = structlog.get_logger("phalanx.server")
 
 MAX_BODY = 64 * 2**20
 
-Route = Callable[[dict[str, Any]], Any]
+#: An extender verb: the request's JSON object -> the reply's JSON.
+Verb = Callable[[dict[str, Any]], Any]
+#: A read: the path below the route's prefix -> (status, JSON body).
+Read = Callable[[str], tuple[int, Any]]
 #: A REST collection: (method, path below the prefix, raw body) -> (status, JSON body).
 Api = Callable[[str, str, bytes], tuple[int, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+    @staticmethod
+    def json(status: int, body: Any) -> Reply:
+        return Reply(status, orjson.dumps(body))
+
+
+#: A route's handler: (method, path below the route's path, raw body) -> reply.
+Handler = Callable[[str, str, bytes], Reply]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    methods: frozenset[str]
+    path: str
+    handler: Handler
+    prefix: bool = False  # also serves every path below `path` + "/"
+    body: bool = False  # reads the request body
+
+    def matches(self, method: str, path: str) -> bool:
+        if method not in self.methods:
+            return False
+        return path == self.path or (self.prefix and path.startswith(self.path.rstrip("/") + "/"))
 
 
 class Server(ThreadingHTTPServer):
@@ -40,20 +75,75 @@ class Server(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         *,
-        verbs: dict[str, Route],
+        verbs: dict[str, Verb],
         metrics: Metrics,
         ready: Callable[[], bool],
-        reads: dict[str, Callable[[str], tuple[int, Any]]] | None = None,
+        reads: dict[str, Read] | None = None,
         apis: dict[str, Api] | None = None,
     ) -> None:
         super().__init__(address, _Handler)
-        self.verbs = verbs
         self.connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         self.metrics = metrics
         self.ready = ready
-        self.reads = reads or {}
-        self.apis = apis or {}
+        get, post, delete = frozenset({"GET"}), frozenset({"POST"}), frozenset({"DELETE"})
+        any_ = get | post | delete | {"PUT"}
+        # The route table: first match wins.
+        self.routes: list[Route] = [
+            Route(get, "/healthz", lambda m, p, b: Reply(200, b"ok", "text/plain")),
+            Route(get, "/readyz", self._readyz),
+            Route(get, "/metrics", lambda m, p, b: Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)),
+            Route(get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()})),
+            Route(delete, "/api/v1/stats", self._reset_stats),
+            *(Route(any_, prefix, _api(api), prefix=True, body=True) for prefix, api in (apis or {}).items()),
+            *(Route(get, prefix, _read(read), prefix=True) for prefix, read in (reads or {}).items()),
+            *(
+                Route(frozenset({"POST"}), f"/{name}", self._verb(name, verb), body=True)
+                for name, verb in verbs.items()
+            ),
+        ]
+
+    def route(self, method: str, path: str) -> Route | None:
+        return next((r for r in self.routes if r.matches(method, path)), None)
+
+    def _readyz(self, method: str, path: str, body: bytes) -> Reply:
+        ok = self.ready()
+        return Reply(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+
+    def _reset_stats(self, method: str, path: str, body: bytes) -> Reply:
+        self.metrics.reset_samples()
+        return Reply.json(200, {"reset": True})
+
+    def _verb(self, name: str, verb: Verb) -> Handler:
+        def handle(method: str, path: str, body: bytes) -> Reply:
+            started = time.perf_counter()
+            status, reply = self._call(name, verb, body)
+            data = orjson.dumps(reply)
+            # Recorded before the reply leaves, so a client that reads /metrics next sees this call.
+            self.metrics.observe(name, time.perf_counter() - started)
+            return Reply(status, data)
+
+        return handle
+
+    def _call(self, name: str, verb: Verb, body: bytes) -> tuple[int, Any]:
+        try:
+            if not body:
+                raise BadRequest(f"{name}: body missing")
+            try:
+                args = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise BadRequest(f"{name}: body is not JSON: {e}") from None
+            if not isinstance(args, dict):
+                raise BadRequest(f"{name}: body must be a JSON object")
+            return 200, verb(args)
+        except BadRequest as e:
+            self.metrics.errors.labels(name, "bad-request").inc()
+            log.warning("bad request", verb=name, error=str(e))
+            return 400, {"Error": str(e)}
+        except Exception as e:
+            self.metrics.errors.labels(name, "internal").inc()
+            log.exception("internal error", verb=name)
+            return 500, {"Error": f"internal error in {name}: {e}"}
 
     def track(self, conn: socket.socket, *, open_: bool) -> None:
         with self._connections_lock:
@@ -72,6 +162,24 @@ class Server(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
+
+
+def _read(read: Read) -> Handler:
+    def handle(method: str, path: str, body: bytes) -> Reply:
+        return Reply.json(*read(path))
+
+    return handle
+
+
+def _api(api: Api) -> Handler:
+    def handle(method: str, path: str, body: bytes) -> Reply:
+        try:
+            return Reply.json(*api(method, path, body))
+        except Exception as e:
+            log.exception("internal error", path=path, method=method)
+            return Reply.json(500, {"error": f"internal error: {e}"})
+
+    return handle
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -93,96 +201,45 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # one structured line per call is logged by the verbs
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._send(200, b"ok", "text/plain")
-        elif path == "/readyz":
-            ok = self.server.ready()
-            self._send(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
-        elif path == "/metrics":
-            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
-        elif path == "/api/v1/stats":
-            self._json(200, {"latency": self.server.metrics.percentiles()})
-        elif not self._api("GET", path):
-            for prefix, read in self.server.reads.items():
-                if path.startswith(prefix):
-                    status, body = read(path[len(prefix) :])
-                    self._json(status, body)
-                    return
-            self._json(404, {"error": f"no route {path}"})
-
-    def do_DELETE(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/api/v1/stats":
-            self.server.metrics.reset_samples()
-            self._json(200, {"reset": True})
-        elif not self._api("DELETE", path):
-            self._json(404, {"error": f"no route {self.path}"})
-
-    def do_PUT(self) -> None:
-        if not self._api("PUT", self.path.split("?", 1)[0]):
-            self._json(404, {"error": f"no route {self.path}"})
-
-    def _api(self, method: str, path: str) -> bool:
-        """Serve `path` from a REST collection if one owns it; False if none does."""
-        for prefix, api in self.server.apis.items():
-            if path == prefix or path.startswith(prefix + "/"):
-                try:
-                    length = int(self.headers.get("Content-Length") or 0)
-                    if length > MAX_BODY:
-                        self._json(413, {"error": f"body larger than {MAX_BODY} bytes"})
-                        return True
-                    body = self.rfile.read(length) if length > 0 else b""
-                    status, reply = api(method, path[len(prefix) :], body)
-                except Exception as e:
-                    log.exception("internal error", path=path, method=method)
-                    status, reply = 500, {"error": f"internal error: {e}"}
-                self._json(status, reply)
-                return True
-        return False
+        self._dispatch("GET")
 
     def do_POST(self) -> None:
-        if self._api("POST", self.path.split("?", 1)[0]):
-            return
-        verb = self.path.strip("/").split("?", 1)[0]
-        route = self.server.verbs.get(verb)
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        route = self.server.route(method, path)
         if route is None:
-            self._json(404, {"Error": f"unknown verb {verb!r}"})
+            if method == "POST":
+                self._send(Reply.json(404, {"Error": f"unknown verb or route {path!r}"}))
+            else:
+                self._send(Reply.json(404, {"error": f"no route {method} {path}"}))
             return
-        started = time.perf_counter()
-        status, reply = self._call(verb, route)
-        body = orjson.dumps(reply)
-        # Recorded before the reply leaves, so a client that reads /metrics next sees this call.
-        self.server.metrics.observe(verb, time.perf_counter() - started)
-        self._send(status, body, "application/json")
-
-    def _call(self, verb: str, route: Route) -> tuple[int, Any]:
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > MAX_BODY:
-                raise BadRequest(f"{verb}: body missing or larger than {MAX_BODY} bytes")
+        body = b""
+        if route.body:
             try:
-                args = orjson.loads(self.rfile.read(length))
-            except orjson.JSONDecodeError as e:
-                raise BadRequest(f"{verb}: body is not JSON: {e}") from None
-            if not isinstance(args, dict):
-                raise BadRequest(f"{verb}: body must be a JSON object")
-            return 200, route(args)
-        except BadRequest as e:
-            self.server.metrics.errors.labels(verb, "bad-request").inc()
-            log.warning("bad request", verb=verb, error=str(e))
-            return 400, {"Error": str(e)}
-        except Exception as e:
-            self.server.metrics.errors.labels(verb, "internal").inc()
-            log.exception("internal error", verb=verb)
-            return 500, {"Error": f"internal error in {verb}: {e}"}
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                self.close_connection = True  # the rest of the stream cannot be framed
+                self._send(Reply.json(400, {"Error": "Content-Length is not a number"}))
+                return
+            if length > MAX_BODY or length < 0:
+                self.close_connection = True
+                self._send(Reply.json(413, {"Error": f"body larger than {MAX_BODY} bytes"}))
+                return
+            body = self.rfile.read(length) if length else b""
+        rest = path[len(route.path.rstrip("/")) :] if route.prefix else ""
+        self._send(route.handler(method, rest, body))
 
-    def _json(self, status: int, body: Any) -> None:
-        self._send(status, orjson.dumps(body), "application/json")
-
-    def _send(self, status: int, data: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
+    def _send(self, reply: Reply) -> None:
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
-        self.wfile.write(data)
+        self.wfile.write(reply.body)

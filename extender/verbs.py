@@ -3,9 +3,11 @@
 Handlers stay short: parse, look up, call, map. Pods that request nothing Phalanx manages pass
 through filter and prioritize untouched. GPU pods are checked node by node against the
 cache's device accounting; each node's answer is memoised per pod shape and node version, so
-a stream of identical pods costs a dictionary lookup per node. Expected rejections go to
-`FailedNodes` (or `FailedAndUnresolvableNodes` for an invalid request); internal faults go to
-`Error`.
+a stream of identical pods costs a dictionary lookup per node. Gang members are answered by
+the gang manager. Every answer is a typed `Verdict` (extender/outcomes.py) mapped to one reply
+field: `FailedNodes` where a change (or preemption) may help, `FailedAndUnresolvableNodes`
+where nothing can; internal faults go to `Error`. Sharing state (target workload, packer)
+lives in extender/sharing.py.
 """
 
 from __future__ import annotations
@@ -23,41 +25,27 @@ from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
 from extender.gangs.manager import GangManager
-from extender.kube import ApiError
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
+from extender.outcomes import Fit, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
+from extender.sharing import Sharing
 from solver import (
-    FULL_SHARE,
     DeviceAssignment,
     GpuKind,
-    Node,
-    NodeState,
-    Packer,
-    PackingPlan,
     PlacementMode,
     PodShape,
     WorkloadClass,
-    demand_of,
     fits,
     node_score,
     placement_delta,
     unfit_reason,
-    workload_classes,
-    workload_drift,
 )
 
 log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
-
-
-# The pod mix moves a little with every pod. Fragmentation deltas memoised per node are
-# recomputed, with the new target workload, as their nodes change; all of them are dropped at
-# once only when the mix has moved this far (total variation distance), since recomputing a
-# shape on every node costs 30-60 us per node on the next prioritize.
-MEMO_DRIFT = 0.05
 
 
 class BadRequest(ValueError):
@@ -79,7 +67,8 @@ class _Memo:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sync(self, cache: Cache) -> None:
-        changed, self.epoch, self.cursor = cache.changes_since(self.epoch, self.cursor)
+        changes = cache.changes_since(self.epoch, self.cursor)
+        changed, self.epoch, self.cursor = changes.nodes, changes.epoch, changes.cursor
         if changed is None:
             self.checked.clear()
             self.failed.clear()
@@ -103,22 +92,34 @@ class _Ask:
 
 class Verbs:
     def __init__(
-        self, cache: Cache, binder: Binder, config: PhalanxConfig, metrics: Metrics, gangs: GangManager | None = None
+        self,
+        cache: Cache,
+        binder: Binder,
+        config: PhalanxConfig,
+        metrics: Metrics,
+        gangs: GangManager | None = None,
+        *,
+        sharing: Sharing | None = None,
     ) -> None:
         self.cache = cache
         self.gangs = gangs
         self.binder = binder
-        self.config = config
         self.metrics = metrics
+        self.sharing = sharing if sharing is not None else Sharing(cache)
+        self.config = config
         self._memo: dict[tuple[Any, ...], _Memo] = {}
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
-        self._workload: tuple[WorkloadClass, ...] = ()
-        self._workload_generation = 0
-        # Which share sizes each device awaits (solver.packing); guarded by the cache lock.
-        self._packer: Packer | None = None
-        cache.pod_listeners.append(self._pod_changed)
+
+    @property
+    def config(self) -> PhalanxConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: PhalanxConfig) -> None:
+        self._config = config
+        self.sharing.enabled = config.gpu.fragmentation_scoring
 
     # ------------------------------------------------------------------ filter
 
@@ -139,18 +140,20 @@ class Verbs:
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod, names = self._pod(args), _node_names(args)
+        return self._filter_reply(self._verdict(pod, names), names, pod)
+
+    def _verdict(self, pod: PodInfo, names: list[str]) -> Verdict:
         if pod.error:
-            failed = {n: f"{INVALID_REQUEST}: {pod.error}" for n in names}
-            return self._filter_reply([], {}, failed, pod, "invalid")
+            return Verdict.unresolvable(f"{INVALID_REQUEST}: {pod.error}")
         if self.gangs is not None:
             answer = self.gangs.filter(pod, names)
             if answer is not None:
-                return self._filter_reply(answer.passed, answer.failed, {}, pod, "gang")
+                return answer
         ask = self._ask(pod)
         if ask.error:
-            return self._filter_reply([], {n: ask.error for n in names}, {}, pod, "unschedulable")
+            return Verdict.unresolvable(ask.error)
         if pod.demand.kind is GpuKind.NONE and ask.pool is None:
-            return self._filter_reply(names, {}, {}, pod, "passthrough")
+            return Verdict(Fit.PASSTHROUGH, names)
         memo = self._memo_for(ask)
         with memo.lock:
             memo.sync(self.cache)
@@ -160,7 +163,7 @@ class Verbs:
             failing = memo.failed
             passed = [n for n in names if n not in failing]
             failed = {n: failing[n] for n in names if n in failing} if len(passed) < len(names) else {}
-        return self._filter_reply(passed, failed, {}, pod, "fits" if passed else "unschedulable")
+        return Verdict(Fit.FITS if passed else Fit.UNSCHEDULABLE, passed, failed=failed)
 
     def _ask(self, pod: PodInfo) -> _Ask:
         """The pod's shape as the solver sees it, with its GPU pool and placement mode."""
@@ -184,23 +187,26 @@ class Verbs:
         elif not fits(node, ask.shape):
             memo.failed[name] = unfit_reason(node, ask.shape)
 
-    def _filter_reply(
-        self, passed: list[str], failed: dict[str, str], unresolvable: dict[str, str], pod: PodInfo, outcome: str
-    ) -> dict[str, Any]:
-        self.metrics.outcomes.labels("filter", outcome).inc()
+    def _filter_reply(self, verdict: Verdict, names: list[str], pod: PodInfo) -> dict[str, Any]:
+        """The verdict as kube-scheduler reads it: failing nodes under the field that says
+        whether preemption may help."""
+        passed = set(verdict.passed)
+        failed = verdict.failed or {n: verdict.message for n in names if n not in passed}
+        unresolvable = verdict.outcome is Fit.UNRESOLVABLE
+        self.metrics.outcomes.labels("filter", verdict.outcome.value).inc()
         log.debug(
             "filter",
             pod=pod.key,
-            nodes=len(passed) + len(failed) + len(unresolvable),
-            passed=len(passed),
-            outcome=outcome,
+            nodes=len(names),
+            passed=len(verdict.passed),
+            outcome=verdict.outcome.value,
             generation=self.cache.generation,
         )
         return {
             "Nodes": None,
-            "NodeNames": passed,
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": unresolvable,
+            "NodeNames": verdict.passed,
+            "FailedNodes": {} if unresolvable else failed,
+            "FailedAndUnresolvableNodes": failed if unresolvable else {},
             "Error": "",
         }
 
@@ -221,7 +227,7 @@ class Verbs:
             return []
         memo = self._memo_for(ask)
         shape, mode = ask.shape, ask.mode
-        workload = self.workload()
+        workload = self.sharing.workload()
         if workload and mode is PlacementMode.COMPACT_FIRST and shape.gpu.kind in (GpuKind.SHARE, GpuKind.WHOLE):
             return self._prioritize_by_fragmentation(memo, names, shape, workload)
         with memo.lock:
@@ -241,7 +247,7 @@ class Verbs:
         measure counts it), and it should not eat CPU reserved for awaited share pods. Every
         node of least growth gets 10, with no tie-break by name: kube-scheduler's own scores
         choose among them, as they do for all pods on clusters without GPUs."""
-        workload = self.workload()
+        workload = self.sharing.workload()
         if not any(c.uses_gpu for c in workload):  # nothing to strand: not worth a pass over the nodes
             return []
         ask = self._ask(pod)
@@ -262,13 +268,13 @@ class Verbs:
         ties broken by node name (a fixed order packs; kube-scheduler's random tie-break among
         equal scores would scatter pods, which costs several points of allocation); the others
         scale down with their growth. With a packing plan, nodes rank by tier first
-        (`_packing_tiers`): the best tier's nodes take 5..10, the rest 0..4. Without `by_name`,
+        (`Sharing.tiers`): the best tier's nodes take 5..10, the rest 0..4. Without `by_name`,
         every node equal to the best gets 10, and no node stands out: no scores at all."""
         with memo.lock:
             memo.sync(self.cache)
-            if memo.workload_generation != self._workload_generation:
+            if memo.workload_generation != self.sharing.workload_generation:
                 memo.deltas.clear()
-                memo.workload_generation = self._workload_generation
+                memo.workload_generation = self.sharing.workload_generation
             known = memo.deltas
             for name in names:
                 if name not in known:
@@ -280,7 +286,7 @@ class Verbs:
             deltas = {n: d for n, d in deltas.items() if d != math.inf}
         if not deltas:
             return []
-        tiers = self._packing_tiers(list(deltas), shape)
+        tiers = self.sharing.tiers([m for n in deltas if (m := self.cache.node_model(n)) is not None], shape)
         tier = tiers.get
         if tiers:
             lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
@@ -308,98 +314,6 @@ class Verbs:
             scores[n] = 10
         floor = min(scores.values())  # the same shift as the other path: the reply stays small
         return [self._host_score(n, v - floor) for n, v in scores.items() if v > floor]
-
-    def _packing_tiers(self, names: list[str], shape: PodShape) -> dict[str, int]:
-        """The packing plan's preference per node (absent: 0): 2, a device there awaits this
-        pod's share size; 1, an idle device and room to open the size's pattern there; -1,
-        the pod would eat CPU or memory reserved for pods a device there awaits."""
-        packer = self._packer
-        if packer is None or not self.config.gpu.fragmentation_scoring:
-            return {}
-        demand = demand_of(shape)
-        size = demand.gpu_milli if demand.is_share and packer.plan.knows(demand.gpu_milli) else 0
-        with self.cache.lock:
-            reserved = {n: (c, m) for n, c, m in packer.reservations()}
-            joins = {n for n, _ in packer.awaiting(size)} if size else set()
-            need = packer.opening_need(size) if size else (0.0, 0.0)
-        tiers: dict[str, int] = {}
-        # Only a share pod of a planned size can rank up; any other pod can only rank down,
-        # on nodes holding reservations.
-        for name in names if size else [n for n in names if n in reserved]:
-            node = self.cache.node_model(name)
-            if node is None:
-                continue
-            cpu = node.free.cpu_milli - demand.cpu_milli
-            mem = node.free.memory_mib - demand.memory_mib
-            res_cpu, res_mem = reserved.get(name, (0.0, 0.0))
-            if name in joins:
-                tiers[name] = 2
-            elif cpu < res_cpu - 1e-6 or mem < res_mem - 1e-6:
-                tiers[name] = -1
-            elif size and cpu - res_cpu >= need[0] and mem - res_mem >= need[1] and _has_idle(node, demand.models):
-                tiers[name] = 1
-        return tiers
-
-    def workload(self) -> tuple[WorkloadClass, ...]:
-        """The target workload for fragmentation (empty when fragmentation scoring is off)."""
-        return self._workload if self.config.gpu.fragmentation_scoring else ()
-
-    def refresh_workload(self) -> None:
-        """Recompute the target workload: the classes of the pods the cache holds. O(pods), so
-        it runs on the extender's periodic sweep, never inside a verb; it drifts slowly."""
-        with self.cache.lock:
-            shapes = [PodShape(p.requests, p.demand) for p in self.cache.pods.values() if p.active and not p.error]
-        demands = [demand_of(s) for s in shapes if s.gpu.kind is not GpuKind.MIG]
-        workload = workload_classes(demands, multi_gpu=True) if demands else ()
-        if workload != self._workload:
-            plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
-            with self.cache.lock:
-                if workload_drift(self._workload, workload) > MEMO_DRIFT:
-                    self._workload_generation += 1  # every memoised fragmentation delta is stale
-                self._workload = workload
-                self._packer = self._adopt(plan) if plan.patterns else None
-        self._reconcile()
-
-    def _reconcile(self) -> None:
-        """Devices that await pods but hold none any more (the pod that opened them was
-        deleted before its bind was seen, or its bind failed) stop waiting."""
-        with self.cache.lock:
-            packer = self._packer
-            if packer is None:
-                return
-            contents: dict[str, dict[int, list[int]]] = {}  # per node, read once
-            for node, index in packer.waiting_devices():
-                name = str(node)
-                if name not in contents:
-                    contents[name] = self.cache.share_contents(name)
-                if not contents[name].get(index):
-                    packer.forget(node, index)
-
-    def _adopt(self, plan: PackingPlan) -> Packer:
-        """A packer for `plan` that knows what every device holds now (under the cache lock)."""
-        packer = Packer(plan)
-        for node in list(self.cache.on_node):
-            for index, sizes in self.cache.share_contents(node).items():
-                packer.adopt(node, index, sizes)
-        return packer
-
-    def _pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
-        """A pod left its node: its share devices await again what their contents call for.
-        Called by the cache under its lock."""
-        packer = self._packer
-        if packer is None or old is None or not old.node or not old.devices:
-            return
-        if new is not None and new.active and new.node == old.node:
-            return
-        self._readopt(packer, old.node, old.devices)
-
-    def _readopt(self, packer: Packer, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
-        """`devices` of `node` changed outside the packer: each awaits what its contents call
-        for (under the cache lock)."""
-        contents = self.cache.share_contents(node)
-        for a in devices:
-            if 0 < a.milli < FULL_SHARE:
-                packer.adopt(node, a.index, contents.get(a.index, []))
 
     def _host_score(self, host: str, score: int) -> orjson.Fragment:
         """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
@@ -446,11 +360,9 @@ class Verbs:
         started = time.perf_counter()
         try:
             self.binder.bind(namespace, name, uid, node, devices)
-        except (ApiError, OSError) as e:
-            with self.cache.lock:
-                self.cache.forget(uid)
-                if self._packer is not None:
-                    self._readopt(self._packer, node, devices)  # the packer counted this pod in
+        except Exception as e:  # ApiError, OSError, urllib3's MaxRetryError: never keep it assumed
+            self.cache.forget(uid)
+            self.sharing.bind_failed(node, devices)  # the packer counted this pod in
             self.metrics.errors.labels("bind", "api").inc()
             log.warning("bind failed", pod=pod.key, node=node, error=str(e))
             return {"Error": str(e)}
@@ -465,51 +377,19 @@ class Verbs:
         )
         return {"Error": ""}
 
-    def _choose_devices(self, pod: PodInfo, node: str) -> tuple[Any, ...] | None:
-        """Pick devices and count them on the node at once (no per-node lock held across API
-        calls: the cache lock covers only this choice)."""
-        with self.cache.lock:
-            assumed = self.cache.assumed_usage(pod.uid)
-            if assumed is not None and assumed[0] == node:
-                return assumed[1]  # a retried bind keeps its devices
-            model = self.cache.node_model(node)
-            if model is None:
-                return None
-            ask = self._ask(pod)
-            if pod.demand.kind is GpuKind.NONE:
-                devices: tuple[Any, ...] | None = ()
-            else:
-                spread = ask.mode is PlacementMode.LOW_LOAD_FIRST
-                workload = self.workload()
-                size, lead = self._packing_lead(model, ask.shape) if workload and not spread else (0, ())
-                devices = NodeState(model).take(ask.shape, spread=spread, workload=workload, lead=lead)
-                if devices and size and self._packer is not None:
-                    index = devices[0].index
-                    fresh = any(d.index == index and d.is_idle for d in model.gpus)
-                    self._packer.placed(node, index, size, fresh=fresh)
-            if devices is not None:
-                self.cache.assume(pod.uid, node, devices)
-            return devices
-
-    def _packing_lead(self, node: Node, shape: PodShape) -> tuple[int, tuple[int, ...]]:
-        """For a share pod of a planned size: the size, and the devices of `node` to try first:
-        those awaiting the size, then (with room for the size's pattern) the idle ones."""
-        packer = self._packer
-        demand = demand_of(shape)
-        if packer is None or not demand.is_share or not packer.plan.knows(demand.gpu_milli):
-            return 0, ()
-        size = demand.gpu_milli
-        lead = [d.index for d in node.gpus if packer.awaits(node.name, d.index, size)]
-        res_cpu, res_mem = packer.reserved(node.name)
-        need_cpu, need_mem = packer.opening_need(size)
-        cpu, mem = node.free.cpu_milli - demand.cpu_milli, node.free.memory_mib - demand.memory_mib
-        if cpu - res_cpu >= need_cpu and mem - res_mem >= need_mem:
-            lead += [d.index for d in node.gpus if d.is_idle and (demand.models is None or d.model in demand.models)]
-        return size, tuple(lead)
+    def _choose_devices(self, pod: PodInfo, node: str) -> tuple[DeviceAssignment, ...] | None:
+        """Pick devices and count them on the node at once (the cache's atomic
+        choose-and-assume; no lock is held across API calls)."""
+        ask = self._ask(pod)
+        if pod.demand.kind is GpuKind.NONE:
+            return self.cache.assume_chosen(pod.uid, node, lambda model: ())
+        spread = ask.mode is PlacementMode.LOW_LOAD_FIRST
+        return self.cache.assume_chosen(
+            pod.uid, node, lambda model: self.sharing.choose(model, ask.shape, spread=spread)
+        )
 
     def _pod_by_uid(self, uid: str, namespace: str, name: str) -> PodInfo | None:
-        with self.cache.lock:
-            pod = self.cache.pods.get(uid)
+        pod = self.cache.pod(uid)
         if pod is not None:
             return pod
         obj = self.binder.get_pod(namespace, name)  # the watch may lag the scheduler
@@ -521,11 +401,16 @@ class Verbs:
 
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         """Keep the candidate nodes where evicting the proposed victims frees devices that fit
-        the preemptor; drop the others (kube-scheduler then skips them)."""
+        the preemptor; drop the others (kube-scheduler then skips them). A gang member gets
+        no candidates at all when no eviction can place its gang (no quorum, no definition,
+        a plan already, or no fit even with every lower-priority pod gone)."""
         pod = self._pod(args)
         victims = args.get("NodeNameToMetaVictims") or {}
         if not isinstance(victims, dict):
             raise BadRequest("preempt: NodeNameToMetaVictims must be an object")
+        if self.gangs is not None and self.gangs.preemption_helps(pod) is False:
+            self.metrics.outcomes.labels("preempt", "gang-unhelped").inc()
+            return {"NodeNameToMetaVictims": {}}
         if pod.demand.kind is GpuKind.NONE or pod.error:
             return {"NodeNameToMetaVictims": victims}
         shape = self._ask(pod).shape
@@ -558,7 +443,3 @@ def _band(values: set[float], low: int, high: int) -> dict[float, int]:
     if span <= 0:
         return {d: high for d in values}
     return {d: low + round((high - low) * (1 - (d - best) / span)) for d in values}
-
-
-def _has_idle(node: Node, models: frozenset[str] | None) -> bool:
-    return any(d.is_idle and (models is None or d.model in models) for d in node.gpus)

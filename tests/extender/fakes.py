@@ -158,7 +158,7 @@ def extender_on(nodes: list[JSON], pods: list[JSON]) -> Any:
     for p in pods:
         kube.pods[f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"] = p
     extender.cache.replace_pods(pods)
-    extender.verbs.refresh_workload()
+    extender.sharing.refresh()
     return extender
 
 

@@ -75,17 +75,18 @@ def test_assumed_pod_counts_until_forgotten_and_is_kept_when_the_watch_confirms(
     assert cache.node_model("n0").idle_gpus == 2  # type: ignore[union-attr]
     cache.assume("uid-p", "n0", (DeviceAssignment(0, 1000, 81920),))
     cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", phase="Running"))
-    assert "uid-p" not in cache.assumed
+    assert cache.assumed("uid-p") is None
     model = cache.node_model("n0")
     assert model is not None and [d.is_idle for d in model.gpus] == [False, True]
 
 
 def test_versions_move_only_for_touched_nodes() -> None:
     cache = cache_with(node("n0"), node("n1"))
-    before = dict(cache.version)
+    start = cache.changes_since(0, 0)
+    n0 = cache.node_model("n0")
     cache.pod_event("ADDED", pod("p", gpus=1, node_name="n1", phase="Running"))
-    assert cache.version["n0"] == before["n0"]
-    assert cache.version["n1"] > before["n1"]
+    assert cache.changes_since(start.epoch, start.cursor).nodes == ["n1"]
+    assert cache.node_model("n0") is n0  # not rebuilt
 
 
 def test_relist_drops_vanished_objects() -> None:

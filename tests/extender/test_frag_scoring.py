@@ -31,7 +31,7 @@ def ext() -> Extender:
 
 def test_the_half_used_gpu_is_filled_first(ext: Extender) -> None:
     """A half-GPU pod on a0's half-used GPU leaves no fragment; on an idle GPU it leaves one."""
-    assert ext.verbs.workload(), "the cache's pods define the target workload"
+    assert ext.sharing.workload(), "the cache's pods define the target workload"
     got = scores(ext, share("q0", 500), ["c0", "b0", "a0"])
     assert leader(got) == "a0"
 
@@ -52,7 +52,7 @@ def test_fragmentation_scoring_can_be_turned_off(ext: Extender) -> None:
     from extender.config import parse
 
     ext.apply(parse("gpu: {fragmentationScoring: false}", source="test"))
-    assert ext.verbs.workload() == ()
+    assert ext.sharing.workload() == ()
 
 
 def cpu_pod(name: str, cores: int) -> dict:  # type: ignore[type-arg]
@@ -79,13 +79,13 @@ def test_a_small_drift_in_the_pod_mix_keeps_the_memoised_deltas(ext: Extender) -
     """A big move of the pod mix drops every memoised delta (a new generation); one more pod
     among many moves it a little: the new workload is taken, the per-node deltas stay
     memoised (recomputed as their nodes change)."""
-    generation = ext.verbs._workload_generation
+    generation = ext.sharing.workload_generation
     for i in range(40):  # the mix turns to whole GPUs
         ext.cache.pod_event("ADDED", pod(f"x{i}", gpus=1))
-    ext.verbs.refresh_workload()
-    assert ext.verbs._workload_generation == generation + 1
-    before = ext.verbs.workload()
+    ext.sharing.refresh()
+    assert ext.sharing.workload_generation == generation + 1
+    before = ext.sharing.workload()
     ext.cache.pod_event("ADDED", share("y", 500))
-    ext.verbs.refresh_workload()
-    assert ext.verbs.workload() != before
-    assert ext.verbs._workload_generation == generation + 1
+    ext.sharing.refresh()
+    assert ext.sharing.workload() != before
+    assert ext.sharing.workload_generation == generation + 1

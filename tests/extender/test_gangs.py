@@ -234,14 +234,14 @@ def test_no_member_is_placed_before_quorum_then_all_are_planned_at_once() -> Non
     names = [f"n{i}" for i in range(8)]
     first = add(cache, member("p0", "job"))[0]
     answer = mgr.filter(first, names)
-    assert answer is not None and answer.passed == [] and set(answer.failed.values()) == {f"{WAITING_QUORUM} 1/3"}
+    assert answer is not None and answer.passed == [] and {answer.message} == {f"{WAITING_QUORUM} 1/3"}
     rest = add(cache, member("p1", "job"), member("p2", "job"))
     answer = mgr.filter(first, names)
     assert answer is not None and len(answer.passed) == 1
     planned = {m.uid: mgr.filter(m, names).passed[0] for m in [first, *rest]}  # type: ignore[union-attr]
     assert len(set(planned.values())) == 3  # one node each
     assert rec.nudged == ["p0"]  # only the member kube-scheduler parked needs waking
-    assert set(cache.assumed) == set(planned)  # capacity reserved for all
+    assert cache.assumed_uids() == set(planned)  # capacity reserved for all
 
 
 def test_filter_answers_from_the_plan_without_solving_again() -> None:
@@ -282,7 +282,7 @@ def test_a_gate_that_does_not_close_in_time_releases_everything() -> None:
     node0 = mgr.filter(members[0], names).passed[0]  # type: ignore[union-attr]
     error = mgr.permit(members[0], node0)
     assert error is not None and error.startswith(GANG_TIMEOUT)
-    assert cache.assumed == {}
+    assert cache.assumed_uids() == set()
     assert ("Released", error) in rec.events
 
 
@@ -294,7 +294,7 @@ def test_a_second_gang_never_takes_a_reserved_node() -> None:
     assert mgr.filter(a[0], names).passed  # type: ignore[union-attr]
     answer = mgr.filter(b[0], names)
     assert answer is not None and answer.passed == []
-    assert not any(uid.startswith("uid-b") for uid in cache.assumed)
+    assert not any(uid.startswith("uid-b") for uid in cache.assumed_uids())
 
 
 def test_gangs_with_quorum_are_planned_together_so_a_constrained_one_is_not_starved() -> None:
@@ -306,7 +306,7 @@ def test_gangs_with_quorum_are_planned_together_so_a_constrained_one_is_not_star
     a = add(cache, *(member(f"a{i}", "a") for i in range(4)))
     mgr.filter(b[0], [])  # b's first filter: quorum met, gang known (its nodes are not candidates yet)
     mgr.gangs["wl:default/b"].plan.clear()
-    for uid in list(cache.assumed):
+    for uid in list(cache.assumed_uids()):
         cache.forget(uid)  # start from no reservations, with b known to the manager
     answer = mgr.filter(a[0], [f"n{i}" for i in range(8)])
     assert answer is not None and answer.passed

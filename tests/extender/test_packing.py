@@ -32,12 +32,16 @@ def ext() -> Extender:
     return extender
 
 
+def tiers_of(ext: Extender, names: list[str], shape: PodShape) -> dict[str, int]:
+    return ext.sharing.tiers([m for n in names if (m := ext.cache.node_model(n)) is not None], shape)
+
+
 def shape(milli: int, cpu_milli: int) -> PodShape:
     return PodShape(Resources(cpu_milli, 0, 1), GpuDemand(count=1, milli=milli))
 
 
 def test_the_plan_comes_from_the_workload_and_the_cache(ext: Extender) -> None:
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None
     assert set(packer.plan.patterns) == {(650, 320), (320, 320, 320)}
     assert packer.awaiting(320) == {("c0", 1)}  # adopted from what c0's GPU 1 holds
@@ -48,14 +52,14 @@ def test_a_device_awaiting_the_size_wins_and_bind_fills_it(ext: Extender) -> Non
     assert leader(got) == "c0"
     (entry,) = bind_devices(ext, "s0", "c0")
     assert entry["index"] == 1 and entry["milli"] == 320
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None and not packer.awaiting(320)
 
 
 def test_a_pod_opening_a_pattern_makes_its_device_await_the_rest(ext: Extender) -> None:
     reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "m0", "PodUID": "uid-m0", "Node": "a0"})
     assert reply == {"Error": ""}
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None
     (waiting,) = packer.awaiting(320) - {("c0", 1)}
     assert waiting[0] == "a0"
@@ -64,17 +68,17 @@ def test_a_pod_opening_a_pattern_makes_its_device_await_the_rest(ext: Extender) 
 
 def test_the_wait_ends_when_the_opening_pod_leaves(ext: Extender) -> None:
     ext.cache.pod_event("DELETED", ext.kube.pods["default/big"])  # type: ignore[attr-defined]
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None and not packer.awaiting(320)
     assert packer.reserved("c0") == (0.0, 0.0)
 
 
 def test_pods_avoid_cpu_reserved_for_an_awaited_pod(ext: Extender) -> None:
-    tiers = ext.verbs._packing_tiers(["a0", "b0", "c0"], shape(1000, 2000))
+    tiers = tiers_of(ext, ["a0", "b0", "c0"], shape(1000, 2000))
     assert tiers.get("c0") == -1  # 2 cores would leave c0 none for the awaited 320 pod
     assert tiers.get("a0", 0) == 0 and tiers.get("b0", 0) == 0
-    assert ext.verbs._packing_tiers(["c0"], shape(1000, 1000)).get("c0", 0) == 0  # 1 core leaves its 1
-    tiers = ext.verbs._packing_tiers(["a0", "c0"], shape(320, 1000))
+    assert tiers_of(ext, ["c0"], shape(1000, 1000)).get("c0", 0) == 0  # 1 core leaves its 1
+    tiers = tiers_of(ext, ["a0", "c0"], shape(320, 1000))
     assert tiers == {"c0": 2, "a0": 1}  # c0 awaits it; a0 has idle GPUs and room to open a pattern
 
 
@@ -82,7 +86,7 @@ def test_no_plan_without_fragmentation_scoring(ext: Extender) -> None:
     from extender.config import parse
 
     ext.apply(parse("gpu: {fragmentationScoring: false}", source="test"))
-    assert ext.verbs._packing_tiers(["c0"], shape(320, 1000)) == {}
+    assert tiers_of(ext, ["c0"], shape(320, 1000)) == {}
 
 
 def test_a_failed_bind_does_not_leave_a_device_waiting(ext: Extender) -> None:
@@ -91,7 +95,7 @@ def test_a_failed_bind_does_not_leave_a_device_waiting(ext: Extender) -> None:
     kube.fail_bind = True
     reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "m0", "PodUID": "uid-m0", "Node": "a0"})
     assert reply["Error"]
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None and packer.awaiting(320) == {("c0", 1)} and packer.reserved("a0") == (0.0, 0.0)
 
 
@@ -101,8 +105,8 @@ def test_the_sweep_ends_waits_on_devices_that_hold_nothing(ext: Extender) -> Non
     assert ext.verbs.bind({"PodNamespace": "default", "PodName": "m0", "PodUID": "uid-m0", "Node": "a0"}) == {
         "Error": ""
     }
-    packer = ext.verbs._packer
+    packer = ext.sharing.packer()
     assert packer is not None and any(n == "a0" for n, _ in packer.awaiting(320))
     ext.cache.pod_event("DELETED", share("m0", 650))
-    ext.verbs._reconcile()
+    ext.sharing.reconcile()
     assert packer.awaiting(320) == {("c0", 1)} and packer.reserved("a0") == (0.0, 0.0)

@@ -58,7 +58,7 @@ def test_a_pod_finds_its_jobset_through_its_job(ext: Extender) -> None:
     ext._ri_event(JOB, "ADDED", job)
     ext.cache.pod_event("ADDED", pod)
     uid = pod["metadata"]["uid"]
-    assert ext.gangs.key_of[uid] == f"ri:{cr['metadata']['namespace']}/llm/jobset/llm"
+    assert ext.gangs.membership._key_of[uid] == f"ri:{cr['metadata']['namespace']}/llm/jobset/llm"
 
 
 def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ext: Extender) -> None:
@@ -67,12 +67,12 @@ def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ex
     ext._ri_event(JOBSET, "ADDED", cr)
     ext.cache.pod_event("ADDED", pod)
     uid = pod["metadata"]["uid"]
-    assert ext.gangs.key_of[uid].startswith("ri-wait:")
-    info = ext.cache.pods[uid]
+    assert ext.gangs.membership._key_of[uid].startswith("ri-wait:")
+    info = ext.cache.pod(uid)
     answer = ext.gangs.filter(info, ["n0"])
-    assert answer is not None and answer.passed == [] and "waiting for owner" in answer.failed["n0"]
+    assert answer is not None and answer.passed == [] and "waiting for owner" in answer.message
     ext._ri_event(JOB, "ADDED", job)
-    assert ext.gangs.key_of[uid].startswith("ri:")
+    assert ext.gangs.membership._key_of[uid].startswith("ri:")
 
 
 def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Extender) -> None:
@@ -81,7 +81,7 @@ def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Exten
         {"apiVersion": "v1", "kind": "ReplicationController", "name": "x", "uid": "rc"}
     ]
     ext.cache.pod_event("ADDED", pod)
-    assert pod["metadata"]["uid"] not in ext.gangs.key_of
+    assert pod["metadata"]["uid"] not in ext.gangs.membership._key_of
 
 
 WIDGET = {

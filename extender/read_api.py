@@ -1,0 +1,86 @@
+"""The read API: what the extender sees, as JSON (GET /api/v1/gangs, /nodes, /pools).
+
+Thin handlers over the cache and the gang manager: parse the path, look up, map. Each takes
+the rest of the path below its prefix and returns (HTTP status, JSON body).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender import pools
+from extender.cache import Cache
+from extender.gangs.manager import GangManager
+from solver import Node
+
+Reply = tuple[int, Any]
+
+
+class ReadApi:
+    def __init__(self, cache: Cache, gangs: GangManager) -> None:
+        self.cache = cache
+        self.gangs = gangs
+
+    def gangs_(self, rest: str) -> Reply:
+        """GET /api/v1/gangs and /api/v1/gangs/{namespace}/{name}."""
+        gangs = self.gangs.describe()
+        parts = [p for p in rest.split("/") if p]
+        if not parts:
+            return 200, {"gangs": gangs}
+        if len(parts) != 2:
+            return 404, {"error": "use /api/v1/gangs/{namespace}/{name}"}
+        prefix = f"{parts[0]}/{parts[1]}"
+        matching = [g for g in gangs if _named(g["key"], prefix)]
+        if not matching:
+            return 404, {"error": f"no gang {prefix}"}
+        return 200, {"gangs": matching}
+
+    def pools(self, rest: str) -> Reply:
+        """GET /api/v1/pools and /api/v1/pools/{name}: capacity per GPU pool (TFLOPs physical,
+        virtual with oversubscription, allocated and available; VRAM likewise). Nodes in no
+        pool are summed under the name "-"."""
+        hardware = self.cache.hardware
+        members: dict[str, list[Node]] = {p.name: [] for p in hardware.pools}
+        members["-"] = []
+        for node in self.cache.snapshot().nodes:
+            pool = hardware.pool_of(node.name, node.labels)
+            members[pool.name if pool is not None else "-"].append(node)
+        out = [pools.summary(hardware.by_name.get(name), name, nodes) for name, nodes in members.items()]
+        wanted = rest.strip("/")
+        if not wanted:
+            return 200, {"pools": out}
+        found = [p for p in out if p["name"] == wanted]
+        return (200, found[0]) if found else (404, {"error": f"no GPU pool {wanted!r}"})
+
+    def nodes(self, rest: str) -> Reply:
+        """GET /api/v1/nodes/{name}: the cache's view of one node (what the solver sees)."""
+        name = rest.strip("/")
+        model = self.cache.node_model(name)
+        if model is None:
+            return 404, {"error": f"no node {name!r} in the cache"}
+        counted = [{"pod": c.key, "uid": c.uid, "assumed": c.assumed} for c in self.cache.counted(name)]
+        free = model.free
+        return 200, {
+            "name": name,
+            "topology": list(model.topology),
+            "free": {"cpuMilli": free.cpu_milli, "memoryMiB": free.memory_mib, "pods": free.pods},
+            "gpus": [
+                {
+                    "index": d.index,
+                    "freeMilli": d.free_milli,
+                    "freeMemoryMiB": d.free_memory_mib,
+                    "mig": {s.profile: s.free for s in d.mig},
+                    "migLayout": [{"profile": s.profile, "start": s.start} for s in d.mig_layout],
+                    "tflops": d.tflops / 1000,
+                    "freeTFlops": d.free_tflops / 1000,
+                }
+                for d in model.gpus
+            ],
+            "pods": counted,
+        }
+
+
+def _named(key: str, prefix: str) -> bool:
+    """Whether a gang key ("wl:ns/name/group/replica", "pg:ns/name") belongs to ns/name."""
+    body = key.split(":", 1)[-1]
+    return body == prefix or body.startswith(prefix + "/")

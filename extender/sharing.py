@@ -1,0 +1,270 @@
+"""GPU sharing state: the target workload and the share packer's lifecycle.
+
+The fragmentation measure (solver frag) scores a placement against a *target workload*: the
+classes of the pods the cache holds. It drifts slowly, so it is recomputed on the extender's
+periodic sweep (`refresh`), never inside a verb. When it changes, a packing plan is built for
+it (a small LP, ~20 ms) and a `Packer` adopts what every device holds now.
+
+The packer knows which share sizes each device *awaits* (solver packing). It is told of every
+device a bind chooses (`choose`, inside the cache's atomic choose-and-assume), and of every
+pod that leaves its node (`pod_changed`, a cache listener: those devices are re-adopted from
+their contents before the packer is next read). One rule decides whether a node has room to
+open a pattern (`room_to_open`); prioritize's tiers and bind's device order both use it.
+
+Locking: this module's lock is a leaf. It may be taken while the cache's lock is held (the
+listener and the chooser run there), and it is never held while calling into the cache.
+The packer's state is advisory (it orders nodes and devices, it never books capacity), so
+what is read without the cache's lock may be a moment stale; decisions that need it exact
+(the bind's device choice) settle it under the cache's lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from extender.cache import Cache
+from extender.objects import PodInfo
+from solver import (
+    FULL_SHARE,
+    DeviceAssignment,
+    GpuKind,
+    Node,
+    NodeState,
+    Packer,
+    PackingPlan,
+    PodShape,
+    WorkloadClass,
+    demand_of,
+    workload_classes,
+    workload_drift,
+)
+
+# The pod mix moves a little with every pod. Fragmentation deltas memoised per node are
+# recomputed, with the new target workload, as their nodes change; all of them are dropped at
+# once only when the mix has moved this far (total variation distance), since recomputing a
+# shape on every node costs 30-60 us per node on the next prioritize.
+MEMO_DRIFT = 0.05
+
+# Packing tiers of a node for one pod (absent: 0).
+JOINS = 2  # a device there awaits this pod's share size
+OPENS = 1  # an idle device and room to open the size's pattern there
+EATS_RESERVATION = -1  # the pod would eat CPU or memory reserved for pods a device there awaits
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """Where a bind puts a pod: its devices, and the packing size they were chosen for."""
+
+    devices: tuple[DeviceAssignment, ...]
+    size: int = 0
+
+
+class Sharing:
+    def __init__(self, cache: Cache, *, enabled: bool = True) -> None:
+        self.cache = cache
+        self.enabled = enabled  # gpu.fragmentationScoring
+        self._lock = threading.Lock()
+        self._workload: tuple[WorkloadClass, ...] = ()
+        self.workload_generation = 0  # bumps when memoised fragmentation deltas go stale
+        self._packer: Packer | None = None
+        self._stale: dict[str, set[int]] = {}  # node -> devices to re-adopt from their contents
+        self._placements = 0  # bumps on every device the packer is told of
+        cache.on_pod_change(self.pod_changed)
+
+    # ------------------------------------------------------------------ workload
+
+    def workload(self) -> tuple[WorkloadClass, ...]:
+        """The target workload for fragmentation (empty when fragmentation scoring is off)."""
+        return self._workload if self.enabled else ()
+
+    def refresh(self) -> None:
+        """Recompute the target workload from the cache's pods; O(pods), run by the sweep."""
+        demands = [demand_of(s) for s in self.cache.active_shapes() if s.gpu.kind is not GpuKind.MIG]
+        workload = workload_classes(demands, multi_gpu=True) if demands else ()
+        if workload != self._workload:
+            plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
+            packer = self._adopt(plan) if plan.patterns else None
+            with self._lock:
+                if workload_drift(self._workload, workload) > MEMO_DRIFT:
+                    self.workload_generation += 1  # every memoised fragmentation delta is stale
+                self._workload = workload
+                self._packer = packer
+        self.reconcile()
+
+    def _adopt(self, plan: PackingPlan) -> Packer:
+        """A packer for `plan` that knows what every device holds now. Re-read when a bind
+        told the old packer of a device meanwhile (that device's pod may not be in the read)."""
+        for _ in range(3):
+            seen = self._placements
+            packer = Packer(plan)
+            for node, contents in self.cache.all_share_contents().items():
+                for index, sizes in contents.items():
+                    packer.adopt(node, index, sizes)
+            if seen == self._placements:
+                break
+        return packer
+
+    def reconcile(self) -> None:
+        """Devices that await pods but hold none any more (the pod that opened them was
+        deleted before its bind was seen, or its bind failed) stop waiting."""
+        self.settle()
+        with self._lock:
+            packer, seen = self._packer, self._placements
+            waiting = packer.waiting_devices() if packer is not None else []
+        contents = {name: self.cache.share_contents(name) for name in {str(node) for node, _ in waiting}}
+        with self._lock:
+            if packer is None or packer is not self._packer or seen != self._placements:
+                return  # a bind placed a pod meanwhile: the next sweep looks again
+            for node, index in waiting:
+                if not contents[str(node)].get(index):
+                    packer.forget(node, index)
+
+    # ------------------------------------------------------------------ pods leaving
+
+    def pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        """A pod left its node: its share devices await again what their contents call for
+        (re-adopted before the packer is next read). A cache listener: leaf lock only."""
+        if old is None or not old.node or not old.devices:
+            return
+        if new is not None and new.active and new.node == old.node:
+            return
+        self._mark(old.node, old.devices)
+
+    def _mark(self, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        shares = {a.index for a in devices if 0 < a.milli < FULL_SHARE}
+        if shares and self._packer is not None:
+            with self._lock:
+                self._stale.setdefault(node, set()).update(shares)
+
+    def packer(self) -> Packer | None:
+        """The packer, settled (for reads outside the verbs: the read API, tests)."""
+        self.settle()
+        return self._packer
+
+    def settle(self) -> None:
+        """Re-adopt the devices pods have left since the last read."""
+        if not self._stale:
+            return
+        with self._lock:
+            stale, self._stale = self._stale, {}
+        contents = {node: self.cache.share_contents(node) for node in stale}
+        with self._lock:
+            if self._packer is not None:
+                for node, indexes in stale.items():
+                    for index in sorted(indexes):
+                        self._packer.adopt(node, index, contents[node].get(index, []))
+
+    def bind_failed(self, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        """The packer counted a pod in that did not bind."""
+        self._mark(node, devices)
+
+    # ------------------------------------------------------------------ one rule, two users
+
+    def _opening(self, node: str, size: int) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(reserved on `node`, needed to open the pattern of `size`), CPU milli and MiB."""
+        packer = self._packer
+        if packer is None:
+            return (0.0, 0.0), (float("inf"), float("inf"))
+        with self._lock:
+            return packer.reserved(node), packer.opening_need(size)
+
+    def planned_size(self, shape: PodShape) -> int:
+        """The pod's share size when the packing plan knows it, else 0."""
+        packer = self._packer
+        if packer is None or not self.enabled:
+            return 0
+        demand = demand_of(shape)
+        return demand.gpu_milli if demand.is_share and packer.plan.knows(demand.gpu_milli) else 0
+
+    # ------------------------------------------------------------------ prioritize
+
+    def tiers(self, nodes: list[Node], shape: PodShape) -> dict[str, int]:
+        """The packing plan's preference per node (absent: 0): `JOINS`, `OPENS` or
+        `EATS_RESERVATION`. Only a share pod of a planned size can rank up; any other pod can
+        only rank down, on nodes holding reservations."""
+        if self._packer is None or not self.enabled:
+            return {}
+        self.settle()
+        size = self.planned_size(shape)
+        demand = demand_of(shape)
+        with self._lock:
+            packer = self._packer
+            if packer is None:
+                return {}
+            reserved = {str(n): (c, m) for n, c, m in packer.reservations()}
+            joins = {str(n) for n, _ in packer.awaiting(size)} if size else set()
+            need = packer.opening_need(size) if size else (0.0, 0.0)
+        tiers: dict[str, int] = {}
+        for node in nodes if size else [n for n in nodes if n.name in reserved]:
+            res = reserved.get(node.name, (0.0, 0.0))
+            if node.name in joins:
+                tiers[node.name] = JOINS
+            elif not room_to_open(node, demand.cpu_milli, demand.memory_mib, reserved=res, need=(0, 0), slack=1e-6):
+                tiers[node.name] = EATS_RESERVATION
+            elif (
+                size
+                and room_to_open(node, demand.cpu_milli, demand.memory_mib, reserved=res, need=need)
+                and _has_idle(node, demand.models)
+            ):
+                tiers[node.name] = OPENS
+        return tiers
+
+    # ------------------------------------------------------------------ bind
+
+    def choose(self, node: Node, shape: PodShape, *, spread: bool) -> tuple[DeviceAssignment, ...] | None:
+        """The devices of `node` for one pod, and the packer told of them. Runs inside the
+        cache's choose-and-assume (its lock held), so the packer is settled exactly."""
+        workload = self.workload()
+        lead: tuple[int, ...] = ()
+        size = 0
+        if workload and not spread:
+            self.settle()
+            size = self.planned_size(shape)
+            lead = self._lead(node, shape, size) if size else ()
+        devices = NodeState(node).take(shape, spread=spread, workload=workload, lead=lead)
+        if devices and size:
+            index = devices[0].index
+            fresh = any(d.index == index and d.is_idle for d in node.gpus)
+            with self._lock:
+                if self._packer is not None:
+                    self._packer.placed(node.name, index, size, fresh=fresh)
+                    self._placements += 1
+        return devices
+
+    def _lead(self, node: Node, shape: PodShape, size: int) -> tuple[int, ...]:
+        """The devices of `node` to try first for a share pod of a planned size: those
+        awaiting the size, then (with room for the size's pattern) the idle ones."""
+        packer = self._packer
+        if packer is None:
+            return ()
+        with self._lock:
+            lead = [d.index for d in node.gpus if packer.awaits(node.name, d.index, size)]
+        demand = demand_of(shape)
+        reserved, need = self._opening(node.name, size)
+        if room_to_open(node, demand.cpu_milli, demand.memory_mib, reserved=reserved, need=need):
+            models = demand.models
+            lead += [d.index for d in node.gpus if d.is_idle and (models is None or d.model in models)]
+        return tuple(lead)
+
+
+def room_to_open(
+    node: Node,
+    cpu_milli: int,
+    memory_mib: int,
+    *,
+    reserved: tuple[float, float],
+    need: tuple[float, float],
+    slack: float = 0.0,
+) -> bool:
+    """The one rule for room on a node: after a pod of (`cpu_milli`, `memory_mib`) and the CPU
+    and memory `reserved` there for awaited pods, at least `need` is still free (the missing
+    members of the pattern a share size opens; (0, 0) asks only whether the pod leaves the
+    reservations whole). `slack` forgives rounding in the reservations' float sums."""
+    cpu = node.free.cpu_milli - cpu_milli
+    mem = node.free.memory_mib - memory_mib
+    return cpu - reserved[0] >= need[0] - slack and mem - reserved[1] >= need[1] - slack
+
+
+def _has_idle(node: Node, models: frozenset[str] | None) -> bool:
+    return any(d.is_idle and (models is None or d.model in models) for d in node.gpus)
