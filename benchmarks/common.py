@@ -1,7 +1,8 @@
-"""What every benchmark shares: machine facts, percentiles, and the RESULTS.md record."""
+"""What every benchmark shares: its common flags, machine facts, percentiles, and the RESULTS.md record."""
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -13,6 +14,23 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def parser(doc: str | None, *, quick: str) -> argparse.ArgumentParser:
+    """The flags every benchmark takes: --quick (`quick` says what it shrinks to) and --no-record."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=quick)
+    ap.add_argument("--no-record", action="store_true", help="print only; do not append to RESULTS.md")
+    return ap
+
+
+def finish(name: str, args: argparse.Namespace, lines: list[str], headline: dict[str, Any]) -> None:
+    """Print the report, record it in RESULTS.md unless --no-record, and end with the headline as
+    one JSON line (what scripts read)."""
+    print("\n".join(lines))
+    if not args.no_record:
+        record(name + (" --quick" if args.quick else ""), "```\n" + "\n".join(lines) + "\n```", headline)
+    print(json.dumps(headline, sort_keys=True))
 
 
 def machine() -> str:

@@ -51,29 +51,22 @@ cluster), ``partial_gangs``, ``deadlocks``, ``trials``, ``nodes``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.common import median, percentile, record
-from benchmarks.kwok_throughput import free_port, http_json, start_extender
-from deploy.local.cluster import LocalCluster
-from deploy.local.components import ControlPlaneOptions
+from benchmarks.common import finish, median, parser, percentile
+from benchmarks.kwok import NS, ROOT, http_json, kwok_session
 from extender.kube import Expired, RestKube
 
-NS = "default"
-ROOT = Path(__file__).resolve().parent.parent
 CRD = ROOT / "config/crds/phalanx.io_workloads.yaml"
 WORKLOADS = f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads"
 PODS = f"/api/v1/namespaces/{NS}/pods"
@@ -473,43 +466,29 @@ class ClusterResult:
 def run_cluster(
     nodes: int, sizes: list[int], reps: dict[int, int], n_trials: int, wave: int, seed: int
 ) -> ClusterResult:
-    state = Path(tempfile.mkdtemp(prefix="phalanx-gangs-"))
-    cluster = LocalCluster("gangs", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
-    ext = None
-    watch: PodWatch | None = None
-    try:
-        t0 = time.monotonic()
-        cluster.up(nodes=False)
-        cluster.create_nodes(nodes)
-        kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
-        install_crd(kube)
-        port = free_port()
-        ext = start_extender(cluster.kubeconfig_path, port, state / "extender.log", 0)
-        ext_url = f"http://127.0.0.1:{port}"
-        cluster.restart_scheduler(ext_url, scheduler_names=["default-scheduler"])
+    t0 = time.monotonic()
+    with kwok_session("gangs", nodes, before_extender=install_crd) as session:
+        kube, ext_url = session.kube, session.ext_url
+        session.cluster.restart_scheduler(ext_url, scheduler_names=["default-scheduler"])
         watch = PodWatch(kube)
-        watch.start()
-        topo = read_topology(kube)
-        print(
-            f"{nodes} nodes up in {time.monotonic() - t0:.0f} s; {len(topo.trial_blocks)} whole 8-GPU blocks; "
-            f"extender log {state / 'extender.log'}",
-            flush=True,
-        )
-        with ThreadPoolExecutor(8) as pool:
-            b = Bench(kube, watch, topo, pool, ext_url, random.Random(seed))
-            runs = gang_latency(b, sizes, reps)
-            mixed = mixed_stream(b)
-            started = time.monotonic()
-            results = trials(b, n_trials, wave)
-            trials_s = time.monotonic() - started
-            gang_stats = http_json("GET", f"{ext_url}/api/v1/stats")
-    finally:
-        if watch is not None:
+        try:
+            watch.start()
+            topo = read_topology(kube)
+            print(
+                f"{nodes} nodes up in {time.monotonic() - t0:.0f} s; {len(topo.trial_blocks)} whole 8-GPU blocks; "
+                f"extender log {session.state / 'extender.log'}",
+                flush=True,
+            )
+            with ThreadPoolExecutor(8) as pool:
+                b = Bench(kube, watch, topo, pool, ext_url, random.Random(seed))
+                runs = gang_latency(b, sizes, reps)
+                mixed = mixed_stream(b)
+                started = time.monotonic()
+                results = trials(b, n_trials, wave)
+                trials_s = time.monotonic() - started
+                gang_stats = http_json("GET", f"{ext_url}/api/v1/stats")
+        finally:
             watch.stop.set()
-        if ext is not None:
-            ext.terminate()
-            ext.wait(10)
-        cluster.down()
     return ClusterResult(nodes, runs, mixed, results, trials_s, gang_stats)
 
 
@@ -604,13 +583,11 @@ def worst(by_nodes: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1,000 nodes, gangs of 8 and 64 (3 reps), 50 trials")
+    ap = parser(__doc__, quick="1,000 nodes, gangs of 8 and 64 (3 reps), 50 trials")
     ap.add_argument("--nodes", help="comma-separated cluster sizes (default 1000,4000; quick 1000)")
     ap.add_argument("--trials", type=int, help="competing-gang trials on the first cluster (default 1000; quick 50)")
     ap.add_argument("--wave", type=int, default=5, help="trials run at once, each in its own block (default 5)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     nodes = [int(n) for n in (args.nodes or ("1000" if args.quick else "1000,4000")).split(",")]
     sizes = [8, 64] if args.quick else [8, 64, 512]
@@ -620,10 +597,7 @@ def main() -> None:
     for i, n in enumerate(nodes):
         results.append(run_cluster(n, sizes, reps, n_trials if i == 0 else 0, args.wave, args.seed + i))
     lines, headline = report(results, args)
-    print("\n".join(lines))
-    if not args.no_record:
-        record("kwok_gangs" + (" --quick" if args.quick else ""), "```\n" + "\n".join(lines) + "\n```", headline)
-    print(json.dumps(headline, sort_keys=True))
+    finish("kwok_gangs", args, lines, headline)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,7 @@ Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import random
-import socket
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -40,13 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import median, record
+from benchmarks.common import finish, median, parser
+from benchmarks.kwok import NS, http_json, kwok_session
 from deploy.local.cluster import LocalCluster
-from deploy.local.components import ControlPlaneOptions
 from extender.kube import RestKube
-
-NS = "default"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def pod_body(name: str, scheduler: str, gpu: bool) -> dict[str, Any]:
@@ -119,50 +109,19 @@ class BindWatch:
                 time.sleep(0.2)
 
 
+def delete_pods(kube: RestKube, scheduler: str) -> None:
+    kube.request(
+        "DELETE",
+        f"/api/v1/namespaces/{NS}/pods",
+        query={"labelSelector": f"bench={scheduler}", "gracePeriodSeconds": "0"},
+    )
+
+
 def rate(times: list[float], total: int) -> float:
     """Pods per second between 10 % and 90 % of `total` bound."""
     ordered = sorted(times)
     lo, hi = ordered[int(0.1 * total)], ordered[int(0.9 * total) - 1]
     return (int(0.9 * total) - int(0.1 * total) - 1) / max(1e-9, hi - lo)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_json(method: str, url: str) -> Any:
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
-        return json.loads(r.read())
-
-
-def start_extender(
-    kubeconfig: Path, port: int, log: Path, nice: int, config: Path | None = None
-) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    prefix = ["nice", "-n", str(nice)] if nice else []
-    proc = subprocess.Popen(
-        [
-            *prefix,
-            *(sys.executable, "-m", "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)),
-            *(("--config-file", str(config)) if config is not None else ()),
-        ],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=ROOT,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"extender did not become ready; see {log}")
 
 
 def one_round(
@@ -185,11 +144,7 @@ def one_round(
     result["pods_per_s"] = rate(list(watch.bound.values()), pods) if bound == pods else 0.0
     if mode == "phalanx":
         result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
-    kube.request(
-        "DELETE",
-        f"/api/v1/namespaces/{NS}/pods",
-        query={"labelSelector": f"bench={scheduler}", "gracePeriodSeconds": "0"},
-    )
+    delete_pods(kube, scheduler)
     return result
 
 
@@ -215,17 +170,12 @@ def paced_round(
         time.sleep(0.2)
     watch.stop.set()
     latency = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
-    kube.request(
-        "DELETE",
-        f"/api/v1/namespaces/{NS}/pods",
-        query={"labelSelector": f"bench={scheduler}", "gracePeriodSeconds": "0"},
-    )
+    delete_pods(kube, scheduler)
     return {"pods": total, "bound": len(watch.bound), "rate": rate_per_s, "latency": latency}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="200 nodes, 400 pods, one round per mode")
+    ap = parser(__doc__, quick="200 nodes, 400 pods, one round per mode")
     ap.add_argument("--nodes", type=int)
     ap.add_argument("--pods", type=int)
     ap.add_argument("--rounds", type=int, help="rounds per mode, alternating (default 2, quick 1)")
@@ -239,25 +189,15 @@ def main() -> None:
         "--extender-config", type=Path, help="extender config file (A/B, e.g. gpu.fragmentationScoring: false)"
     )
     ap.add_argument("--paced-rate", type=float, default=30.0, help="pods/s of the steady-load latency round")
-    ap.add_argument("--no-record", action="store_true")
     args = ap.parse_args()
     nodes = args.nodes or (200 if args.quick else 1000)
     pods = args.pods or (400 if args.quick else 2000)
     rounds = args.rounds or (1 if args.quick else 2)
-    state = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
-    cluster = LocalCluster("bench", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
-    ext = None
     results: list[dict[str, Any]] = []
-    paced: dict[str, Any] = {"rate": args.paced_rate, "latency": {}}
-    try:
-        cluster.up(nodes=False)
-        cluster.create_nodes(nodes)
-        kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
-        port = free_port()
-        ext = start_extender(
-            cluster.kubeconfig_path, port, state / "extender.log", args.extender_nice, args.extender_config
-        )
-        ext_url = f"http://127.0.0.1:{port}"
+    with kwok_session(
+        "bench", nodes, extender_nice=args.extender_nice, extender_config=args.extender_config
+    ) as session:
+        cluster, kube, ext_url = session.cluster, session.kube, session.ext_url
         for i in range(rounds):
             for mode in ("vanilla", "phalanx"):
                 r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url)
@@ -271,11 +211,6 @@ def main() -> None:
             for line in r.read().decode().splitlines():
                 if line.startswith("phalanx_extender_outcomes_total") and 'verb="bind"' in line:
                     print(line, flush=True)  # refused binds (e.g. no-longer-fits) send pods back to the queue
-    finally:
-        if ext is not None:
-            ext.terminate()
-            ext.wait(10)
-        cluster.down()
     vanilla = median([r["pods_per_s"] for r in results if r["mode"] == "vanilla"])
     phalanx = median([r["pods_per_s"] for r in results if r["mode"] == "phalanx"])
     latency: dict[str, dict[str, float]] = {}
@@ -322,14 +257,7 @@ def main() -> None:
         headline[f"{verb}_p99_ms"] = round(s["p99_ms"], 3)
     for verb, s in latency.items():
         headline[f"{verb}_p99_saturated_ms"] = round(s["p99_ms"], 3)
-    print("\n".join(lines))
-    if not args.no_record:
-        record(
-            "kwok_throughput" + (" --quick" if args.quick else ""),
-            "```\n" + "\n".join(lines) + "\n```",
-            headline,
-        )
-    print(json.dumps(headline, sort_keys=True))
+    finish("kwok_throughput", args, lines, headline)
 
 
 if __name__ == "__main__":

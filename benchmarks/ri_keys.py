@@ -18,8 +18,6 @@ one-off cost of loading and compiling the shipped definitions. Target: p99 < 0.5
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import ri_samples as samples
-from benchmarks.common import median, percentile, record
+from benchmarks.common import finish, median, parser, percentile
 from extender.ri import ResourceInterface
 from extender.ri.registry import Registry, load_defaults
 
@@ -88,10 +86,8 @@ def measure(roots: list[tuple[KindRun, ResourceInterface, dict[str, Any], list[A
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="1,000 pods instead of 20,000")
+    ap = parser(__doc__, quick="1,000 pods instead of 20,000")
     ap.add_argument("--pods", type=int, default=0, help="pods to key (default 20,000; quick 1,000)")
-    ap.add_argument("--no-record", action="store_true", help="do not append to RESULTS.md")
     args = ap.parse_args()
     t0 = time.perf_counter()
     registry = Registry(load_defaults())
@@ -110,7 +106,6 @@ def main() -> None:
         f"all kinds: {len(every)} pods in {len(roots)} root objects, gang key p50 {median(every):.4f} ms, "
         f"p99 {percentile(every, 99):.4f} ms per pod; loading + compiling {len(runs)} definitions {load_s:.2f} s"
     )
-    print("\n".join([header, *rows, summary]))
     headline = {
         "pods": len(every),
         "p50_ms_per_pod": round(median(every), 4),
@@ -118,10 +113,7 @@ def main() -> None:
         "evaluate_p50_ms_per_root": round(median([ms for r in runs for ms in r.evaluate_ms]), 3),
         "load_defaults_s": round(load_s, 3),
     }
-    if not args.no_record:
-        body = "```\n" + "\n".join([header, *rows, summary]) + "\n```"
-        record("ri_keys" + (" --quick" if args.quick else ""), body, headline)
-    print(json.dumps(headline, sort_keys=True))
+    finish("ri_keys", args, [header, *rows, summary], headline)
 
 
 if __name__ == "__main__":
