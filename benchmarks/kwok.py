@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deploy.local.cluster import LocalCluster
-from deploy.local.components import ControlPlaneOptions
+from deploy.local.components import ControlPlaneOptions, free_port
 from extender.kube import RestKube
 
 NS = "default"
@@ -65,12 +64,6 @@ def kwok_session(
             ext.terminate()
             ext.wait(10)
         cluster.down()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(method: str, url: str) -> Any:
