@@ -1,0 +1,168 @@
+"""The gang state machine's edges: watch lag after binds, solves that do not block other
+gangs, typed outcomes, and preemption that no eviction can help."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from extender.gangs import manager as manager_module
+from extender.gangs.requests import split
+from extender.objects import pod_info
+from extender.outcomes import Fit
+from tests.extender.fakes import pod
+from tests.extender.test_gangs import add, manager_with, member, workload
+
+
+def bind_all(mgr: Any, pods: list[Any], names: list[str]) -> None:
+    """Every member filtered, through the gate and bound, as far as the manager knows; the
+    watch has not shown any of them bound yet (the cache still says pending)."""
+    nodes = {p.uid: mgr.filter(p, names).passed[0] for p in pods}
+    results: dict[str, str | None] = {}
+    threads = [
+        threading.Thread(target=lambda p=p: results.__setitem__(p.uid, mgr.permit(p, nodes[p.uid]))) for p in pods
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert set(results.values()) == {""}
+    for p in pods:
+        mgr.bound(p)
+
+
+def test_a_gang_bound_during_watch_lag_is_never_planned_again_by_another_gangs_solve() -> None:
+    mgr, cache, _ = manager_with(8, workload("a", 2), workload("b", 2))
+    a = add(cache, member("a0", "a"), member("a1", "a"))
+    names = [f"n{i}" for i in range(8)]
+    bind_all(mgr, a, names)
+    assumed = cache.assumed_uids()
+    plans = mgr.gangs["wl:default/a"].plans
+    b = add(cache, member("b0", "b"), member("b1", "b"))
+    assert mgr.filter(b[0], names).passed  # type: ignore[union-attr]  # a joint solve with every waiting gang
+    assert mgr.gangs["wl:default/a"].plans == plans
+    assert mgr.gangs["wl:default/a"].plan == {}
+    assert cache.assumed_uids() - {p.uid for p in b} == assumed  # a's members counted once, where bound
+
+
+def test_a_gang_bound_during_watch_lag_is_not_retried_by_the_sweep() -> None:
+    mgr, cache, _ = manager_with(4, workload("a", 2))
+    a = add(cache, member("a0", "a"), member("a1", "a"))
+    bind_all(mgr, a, [f"n{i}" for i in range(4)])
+    state = mgr.gangs["wl:default/a"]
+    state.failed_attempt = (0, 2)  # as if a solve had failed before: the sweep's retry looks at it
+    plans = state.plans
+    mgr._last_retry = 0.0
+    mgr.sweep()
+    assert state.plans == plans and state.plan == {}
+
+
+@pytest.mark.parametrize(
+    ("case", "pods", "planned", "bound_here", "pending", "bound"),
+    [
+        ("nothing bound or planned: all pending", ["p0", "p1"], set(), set(), ["p0", "p1"], []),
+        ("the watch shows a node: bound", ["p0", "p1@n0"], set(), set(), ["p0"], ["p1"]),
+        ("planned members are not pending", ["p0", "p1"], {"uid-p1"}, set(), ["p0"], []),
+        ("bound here, watch lagging: bound, not pending", ["p0", "p1"], set(), {"uid-p1"}, ["p0"], ["p1"]),
+    ],
+)
+def test_member_split(
+    case: str, pods: list[str], planned: set[str], bound_here: set[str], pending: list[str], bound: list[str]
+) -> None:
+    infos = [pod_info(pod(n.split("@")[0], gpus=1, node_name=n.partition("@")[2])) for n in pods]
+    members = split(infos, planned=planned, bound_here=bound_here)
+    assert ([p.name for p in members.pending], [p.name for p in members.bound]) == (pending, bound), case
+
+
+def test_a_solve_does_not_block_another_gangs_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    mgr, cache, _ = manager_with(8, workload("a", 2), workload("b", 2))
+    names = [f"n{i}" for i in range(8)]
+    a = add(cache, member("a0", "a"), member("a1", "a"))
+    assert mgr.filter(a[0], names).passed  # type: ignore[union-attr]  # a is planned
+    entered, release = threading.Event(), threading.Event()
+    real = manager_module.solver.plan
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manager_module.solver, "plan", slow)
+    b = add(cache, member("b0", "b"), member("b1", "b"))
+    solving = threading.Thread(target=lambda: mgr.filter(b[0], names))
+    solving.start()
+    try:
+        assert entered.wait(10)
+        answer = mgr.filter(a[1], names)  # answered from a's plan while b solves
+        assert answer is not None and answer.outcome is Fit.FITS
+    finally:
+        release.set()
+        solving.join(10)
+    assert len(mgr.gangs["wl:default/b"].plan) == 2
+
+
+def test_waiting_for_quorum_or_a_definition_is_unresolvable() -> None:
+    mgr, cache, _ = manager_with(4, workload("a", 4))
+    (first,) = add(cache, member("a0", "a"))
+    answer = mgr.filter(first, ["n0"])
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE
+    (orphan,) = add(cache, member("x0", "missing"))
+    answer = mgr.filter(orphan, ["n0"])
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "waiting for Workload" in answer.message
+
+
+def test_a_gang_that_does_not_fit_now_is_unschedulable_not_unresolvable() -> None:
+    mgr, cache, _ = manager_with(2, workload("a", 3))
+    pods = add(cache, *(member(f"a{i}", "a") for i in range(3)))
+    answer = mgr.filter(pods[0], ["n0", "n1"])
+    assert answer is not None and answer.outcome is Fit.UNSCHEDULABLE  # capacity may free: preemption may help
+
+
+def high(name: str, gang: str, priority: int) -> dict[str, Any]:
+    p = member(name, gang)
+    p["spec"]["priority"] = priority
+    return p
+
+
+def test_preemption_cannot_help_a_gang_without_quorum() -> None:
+    mgr, cache, _ = manager_with(4, workload("a", 4))
+    (first,) = add(cache, high("a0", "a", 1000))
+    assert mgr.preemption_helps(first) is False
+
+
+def test_preemption_helps_only_where_evicting_lower_priority_pods_makes_room() -> None:
+    mgr, cache, _ = manager_with(2, workload("a", 2))
+    for i in range(2):  # both nodes full: one with a low-priority pod, one with an equal-priority pod
+        blocker = pod(f"blk{i}", gpus=8, node_name=f"n{i}", phase="Running")
+        blocker["spec"]["priority"] = 0 if i == 0 else 1000
+        cache.pod_event("ADDED", blocker)
+    members = add(cache, high("a0", "a", 1000), high("a1", "a", 1000))
+    assert mgr.preemption_helps(members[0]) is False  # only one node can be freed: the gang needs two
+    cache.pod_event("DELETED", pod("blk1", gpus=8, node_name="n1"))
+    assert mgr.preemption_helps(members[0]) is True
+
+
+def test_a_pod_of_no_gang_is_not_the_gang_managers_to_judge() -> None:
+    mgr, _, _ = manager_with(2)
+    assert mgr.preemption_helps(pod_info(pod("single", gpus=1))) is None
+
+
+def test_the_wire_carries_unresolvable_reasons_and_preempt_offers_no_victims() -> None:
+    """kube-scheduler skips preemption for FailedAndUnresolvableNodes; asked anyway (its own
+    filters failed first), preempt leaves no candidate for a gang without quorum."""
+    from extender.gangs.sources import WORKLOAD
+    from tests.extender.fakes import extender_on, node
+
+    blocker = pod("low", gpus=8, node_name="n0", phase="Running")
+    ext = extender_on([node("n0")], [blocker])
+    ext.gang_objects.replace(WORKLOAD, [workload("a", 4)])
+    lone = high("a0", "a", 1000)
+    ext.cache.pod_event("ADDED", lone)
+    reply = ext.verbs.filter({"Pod": lone, "NodeNames": ["n0"]})
+    assert reply["FailedNodes"] == {} and reply["FailedAndUnresolvableNodes"] == {"n0": "waiting for gang quorum 1/4"}
+    victims = {"n0": {"Pods": [{"UID": "uid-low"}], "NumPDBViolations": 0}}
+    assert ext.verbs.preempt({"Pod": lone, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": {}}
+    single = pod("single", gpus=8)
+    assert ext.verbs.preempt({"Pod": single, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": victims}
