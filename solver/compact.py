@@ -14,8 +14,9 @@ plan is optimal and needs no search (`plan()` says "proven by bound").
 
 from __future__ import annotations
 
-from solver.greedy import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
+from solver.greedy import place_gang
 from solver.ledger import Ledger
+from solver.placement import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
 from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
 
@@ -103,8 +104,8 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
     dcaps = domain_caps(topo, gp, live)
     best: tuple[tuple[int, ...], Selection] | None = None
     # Slice levels are walked too, so every slice lands whole inside one domain.
-    levels = sorted({*gp.counted_levels, *(lv for lv, _ in gp.slices), topo.host_level})
-    slice_levels = {lv for lv, _ in gp.slices}
+    levels = sorted({*gp.counted_levels, *(s.level for s in gp.slices), topo.host_level})
+    slice_levels = {s.level for s in gp.slices}
     for roots in scopes(topo, gp):
         selection = _cover(topo, levels, slice_levels, roots, 0, need, dcaps, live)
         if selection is None:
@@ -171,17 +172,15 @@ def _cover(
 def _counts(topo: TopologyIndex, gp: GangProblem, selection: Selection) -> tuple[int, ...]:
     """Domains used per counted level, coarsest first (the lexicographic compactness)."""
     per_level: dict[int, set[int]] = {lv: set() for lv in gp.counted_levels}
-    for node, _ in selection:
-        path = topo.path_of_node(node)
+    for pick in selection:
+        path = topo.path_of_node(pick.node)
         for lv in gp.counted_levels:
-            per_level[lv].add(node if lv == topo.host_level else path[lv])
+            per_level[lv].add(pick.node if lv == topo.host_level else path[lv])
     return tuple(len(per_level[lv]) for lv in gp.counted_levels)
 
 
 def compact(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
     """Every gang by `compact_gang`, else by the greedy baseline, in priority order."""
-    from solver.greedy import place_gang
-
     placed: dict[int, list[Member]] = {}
     order = sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
     for gp in order:

@@ -24,10 +24,10 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from solver.compact import domains_at, scope_floors
-from solver.greedy import Member, domain_caps
 from solver.model import GpuKind, PodShape
 from solver.objective import level_weights
 from solver.params import SolverParams
+from solver.placement import Member, domain_caps
 from solver.problem import GangProblem, Problem, host_lines
 from solver.topology import TopologyIndex
 
@@ -119,14 +119,14 @@ class TopologyFamily:
                     0, gp.request.count // host_slice, f"{gp.request.name}/host-slices/{_unit_label(topo, u)}"
                 )
                 m.add(gv.pods_in([u]) == host_slice * t)
-        for level, size in gp.slices:
-            for d in topo.levels_of[level]:
+        for s in gp.slices:
+            for d in topo.levels_of[s.level]:
                 cap = totals.get(d, 0)
-                if cap < size:
+                if cap < s.size:
                     m.add(gv.pods_in(_units(topo, d)) == 0)
                     continue
-                t = m.new_int_var(0, cap // size, f"{gp.request.name}/slices/{topo.domains[d].label}")
-                m.add(gv.pods_in(_units(topo, d)) == size * t)
+                t = m.new_int_var(0, cap // s.size, f"{gp.request.name}/slices/{topo.domains[d].label}")
+                m.add(gv.pods_in(_units(topo, d)) == s.size * t)
 
 
 class HostFamily:

@@ -8,8 +8,8 @@ finally competition with other gangs in the same solve. Reason prefixes are stab
 
 from __future__ import annotations
 
-from solver.greedy import domain_caps
 from solver.model import GpuKind, PodShape
+from solver.placement import domain_caps
 from solver.problem import GangProblem, GroupCaps
 from solver.topology import TopologyIndex
 
@@ -62,9 +62,10 @@ def explain(topo: TopologyIndex, gp: GangProblem) -> str:
             )
     if fit_total < need_total:
         return f"{NOT_ENOUGH_CAPACITY}: only {fit_total} of {req.count} members fit (minCount {need_total})"
-    for level, size in gp.slices:
-        if need_total % size:
-            return f"{SLICE_MISMATCH}: {need_total} members in slices of {size} per {level_name(topo.levels[level])}"
+    for s in gp.slices:
+        if need_total % s.size:
+            per = level_name(topo.levels[s.level])
+            return f"{SLICE_MISMATCH}: {need_total} members in slices of {s.size} per {per}"
     for caps in gp.groups:
         reason = _topology_reason(topo, gp, caps)
         if reason:
@@ -75,13 +76,13 @@ def explain(topo: TopologyIndex, gp: GangProblem) -> str:
 def _topology_reason(topo: TopologyIndex, gp: GangProblem, caps: GroupCaps) -> str:
     need = caps.count if gp.request.quorum >= gp.request.count else min(caps.count, gp.request.quorum)
     dcaps = domain_caps(topo, gp, caps.node_caps)
-    for level, size in gp.slices:
-        total = sum(dcaps.get(d, 0) for d in topo.levels_of[level])
+    for s in gp.slices:
+        total = sum(dcaps.get(d, 0) for d in topo.levels_of[s.level])
         if total < need:
-            name = level_name(topo.levels[level])
+            name = level_name(topo.levels[s.level])
             return (
-                f"{SLICES_DO_NOT_FIT}: needs {need // size} slices of {size} pods, each within one "
-                f"{name}; the {name}s hold {total // size} such slices"
+                f"{SLICES_DO_NOT_FIT}: needs {need // s.size} slices of {s.size} pods, each within one "
+                f"{name}; the {name}s hold {total // s.size} such slices"
             )
     level = gp.required_level
     if level < 0:

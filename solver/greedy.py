@@ -17,22 +17,11 @@ A gang that does not fit in full tries its quorum (minCount); otherwise it is ro
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from solver.ledger import Ledger
-from solver.model import DeviceAssignment
-from solver.problem import GangProblem, GroupCaps, Problem
+from solver.placement import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
+from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
-
-
-@dataclass(frozen=True, slots=True)
-class Member:
-    group: int
-    node: int
-    devices: tuple[DeviceAssignment, ...]
-
-
-Selection = list[tuple[int, int]]  # (node index, pods)
 
 
 def greedy(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
@@ -62,7 +51,7 @@ def _targets(gp: GangProblem) -> list[list[int]]:
     full = [g.count for g in gp.groups]
     out = [full]
     quorum = gp.request.quorum
-    step = math.lcm(*(size for _, size in gp.slices), gp.groups[0].host_slice)
+    step = math.lcm(*(s.size for s in gp.slices), gp.groups[0].host_slice)
     quorum = -(-quorum // step) * step  # slices are whole: round the quorum up to a slice multiple
     if quorum < sum(full):
         cut, trimmed = sum(full) - quorum, list(full)
@@ -88,58 +77,17 @@ def _place_counts(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledge
             return None
         if gp.required_level >= 0 and scope is None and gp.required_level < topo.host_level:
             # Later groups stay inside the domain the first group chose.
-            scope = topo.ancestor(topo.unit_of[selection[0][0]], gp.required_level)
+            scope = topo.ancestor(topo.unit_of[selection[0].node], gp.required_level)
         if not take_selection(ledger, caps, selection, members):
             return None
     return members
-
-
-def take_selection(ledger: Ledger, caps: GroupCaps, selection: Selection, members: list[Member]) -> bool:
-    """Consume devices for every pod of `selection`, appending members; False as soon as one
-    does not fit (the caller rolls the transaction back)."""
-    for node, pods in selection:
-        for _ in range(pods):
-            devices = ledger.take(node, caps.shape)
-            if devices is None:
-                return False
-            members.append(Member(caps.group, node, devices))
-    return True
-
-
-def live_caps(caps: GroupCaps, ledger: Ledger) -> dict[int, int]:
-    out = {}
-    step = caps.host_slice
-    for node, prepared in caps.node_caps.items():
-        c = ledger.capacity(node, caps.shape, prepared)
-        c -= c % step
-        if c > 0:
-            out[node] = c
-    return out
-
-
-def domain_caps(topo: TopologyIndex, gp: GangProblem, live: dict[int, int]) -> dict[int, int]:
-    """Pods per domain (every level above hosts), counted in whole slices where slices apply."""
-    slice_at = dict(gp.slices)
-    caps: dict[int, int] = {}
-    for node, c in live.items():
-        unit = topo.unit_of[node]
-        if unit >= 0:
-            caps[unit] = caps.get(unit, 0) + c
-    for level in range(topo.above - 1, -1, -1):
-        size = slice_at.get(level, 1)
-        for d in topo.levels_of[level]:
-            if level < topo.above - 1:
-                caps[d] = sum(caps.get(c, 0) for c in topo.domains[d].children)
-            if size > 1 and d in caps:
-                caps[d] -= caps[d] % size
-    return caps
 
 
 def select(
     topo: TopologyIndex, gp: GangProblem, live: dict[int, int], need: int, scope: int | None = None
 ) -> Selection | None:
     """Nodes and pod counts for `need` pods of one group, or None."""
-    if any(need % size for _, size in gp.slices):
+    if any(need % s.size for s in gp.slices):
         return None
     caps = domain_caps(topo, gp, live)
 
@@ -191,27 +139,4 @@ def _spread(
             return None
         out.extend(part)
         remaining -= amount
-    return out if remaining == 0 else None
-
-
-def pick_nodes(nodes: list[int], need: int, live: dict[int, int], *, single: bool = False) -> Selection | None:
-    """Largest capacity first, the last node tightest-fit; `single`: all on one node."""
-    fitting = [n for n in nodes if live[n] >= need]
-    if single:
-        return [(min(fitting, key=lambda n: (live[n], n)), need)] if fitting else None
-    pool = sorted(nodes, key=lambda n: (-live[n], n))
-    out: Selection = []
-    remaining = need
-    i = 0
-    while remaining > 0 and i < len(pool):
-        if live[pool[i]] >= remaining:
-            # Tightest node that holds the rest: scan from the small end of the sorted pool.
-            j = len(pool) - 1
-            while live[pool[j]] < remaining:
-                j -= 1
-            out.append((pool[j], remaining))
-            return out
-        out.append((pool[i], live[pool[i]]))
-        remaining -= live[pool[i]]
-        i += 1
     return out if remaining == 0 else None

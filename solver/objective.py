@@ -8,7 +8,7 @@ outweighs any number of domains at the finer levels below it.
 
 from __future__ import annotations
 
-from solver.greedy import Member
+from solver.placement import Member
 from solver.problem import GangProblem
 from solver.topology import TopologyIndex
 

@@ -28,7 +28,7 @@ import structlog
 from solver.compact import compact, floors
 from solver.cpsat import DomainModel, DomainSolution
 from solver.explain import explain
-from solver.greedy import Member, greedy, live_caps, pick_nodes, place_gang, take_selection
+from solver.greedy import greedy, place_gang
 from solver.ledger import Ledger
 from solver.model import (
     Assignment,
@@ -42,6 +42,7 @@ from solver.model import (
 )
 from solver.objective import compactness, domains_used
 from solver.params import PlacementMode, SolverParams
+from solver.placement import Member, live_caps, pick_nodes, take_selection
 from solver.problem import Problem, prepare
 from solver.topology import TopologyIndex
 from solver.validate import validate

@@ -32,6 +32,14 @@ class GroupCaps:
         return sum(self.node_caps.values())
 
 
+@dataclass(frozen=True, slots=True)
+class LevelSlice:
+    """Slices of `size` consecutive ranks, each inside one domain of snapshot level `level`."""
+
+    level: int
+    size: int
+
+
 @dataclass(slots=True)
 class GangProblem:
     index: int
@@ -39,7 +47,7 @@ class GangProblem:
     groups: list[GroupCaps]
     required_level: int  # -1: none
     counted_levels: list[int]  # levels whose domain counts the objective minimises
-    slices: list[tuple[int, int]]  # (level, size), host-level slices folded into caps
+    slices: list[LevelSlice]  # above hosts; host-level slices are folded into the node caps
 
 
 @dataclass(slots=True)
@@ -116,7 +124,7 @@ def _prepare_gang(index: int, request: GangRequest, snapshot: ClusterSnapshot, t
         groups=groups,
         required_level=required,
         counted_levels=_counted_levels(tr.required, tr.preferred, tr.any, topo),
-        slices=[(lv, sz) for lv, sz in slices if lv != topo.host_level],
+        slices=[LevelSlice(lv, sz) for lv, sz in slices if lv != topo.host_level],
     )
 
 
