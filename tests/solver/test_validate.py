@@ -15,6 +15,8 @@ and one with a partitionable H100); each case builds what it needs from it:
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from solver import (
@@ -38,9 +40,11 @@ from solver import (
     TopologyRequest,
     load_tables,
 )
+from solver import validate as validator
 from solver.mig import MigSlot
 from solver.model import Assignment
 from solver.validate import CHECKS, validate, violations
+from tests.validator_mutations import disable
 
 LEVELS = ("block", "rack", "kubernetes.io/hostname")
 NIC = "example.com/nic"
@@ -123,6 +127,8 @@ MIG_1G = request(pod(gpu=GpuDemand.mig("1g.10gb")))
 MIG_1G_TWICE = request(pod(gpu=GpuDemand.mig("1g.10gb")), 2)
 RACK = TopologyRequest(required="rack")
 HOST_PAIRS = TopologyRequest(slices=(Slice("kubernetes.io/hostname", 2),))
+
+BadCase = tuple[str, list[GangRequest], tuple[GangPlan, ...]]
 
 # (checks, requests, plan): the plan breaks the first named check's rule, and only the rules
 # of the checks named (space-separated).
@@ -381,7 +387,7 @@ def test_a_bad_plan_is_rejected_by_its_check_with_its_reason(
 
 def test_every_check_has_a_bad_plan_of_its_own() -> None:
     """A check no bad plan names could be removed without a test noticing."""
-    named = {p.values[0].split()[0] for p in BAD}  # type: ignore[union-attr]
+    named = {cast(BadCase, p.values)[0].split()[0] for p in BAD}
     assert named == {c.name for c in CHECKS}
 
 
@@ -469,3 +475,20 @@ GOOD = [
 def test_a_valid_plan_passes_every_check(requests: list[GangRequest], gangs: tuple[GangPlan, ...]) -> None:
     """Pins down that no check rejects everything: a check that did would fail here."""
     assert validate(SNAPSHOT, requests, PlanResult(SolveStatus.FEASIBLE, gangs)) == []
+
+
+@pytest.mark.parametrize("check", [c.name for c in CHECKS])
+def test_the_bad_plans_notice_when_a_check_is_disabled(check: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process form of tests/validator_mutations.py on this table: with `check` replaced by
+    one that reports nothing (the script's own `disable`), some bad plan is no longer rejected
+    as the table says."""
+    monkeypatch.setattr(validator, "CHECKS", validator.CHECKS)  # restored after the test
+    disable(check)
+    assert [c.name for c in validator.CHECKS] == [c.name for c in CHECKS]
+    missed = []
+    for p in BAD:
+        checks, requests, gangs = cast(BadCase, p.values)
+        found = {v.check for v in violations(SNAPSHOT, requests, PlanResult(SolveStatus.FEASIBLE, gangs))}
+        if found != set(checks.split()):
+            missed.append(p.id)
+    assert missed
