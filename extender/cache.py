@@ -25,6 +25,10 @@ Device usage comes from each pod's `phalanx.io/gpu-devices` annotation; a GPU po
 without one (bound by another scheduler) is given devices deterministically when its node is
 rebuilt, so accounting stays whole after any restart.
 
+This module is past 400 lines on purpose: the pod state machine, the indexes it keeps and the
+node models derived from them share one lock and one set of dictionaries; split, the lock
+would be handed out again.
+
 Listeners (`on_pod_change`) are called with (old, new) under the cache's lock; they must only
 update their own state (taking only their own leaf lock), never call back into the cache.
 """

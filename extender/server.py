@@ -22,8 +22,8 @@ import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from extender.errors import BadRequest
 from extender.metrics import Metrics
-from extender.verbs import BadRequest
 
 log = structlog.get_logger("phalanx.server")
 

@@ -21,6 +21,7 @@ what is read without the cache's lock may be a moment stale; decisions that need
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from extender.cache import Cache
@@ -179,7 +180,7 @@ class Sharing:
 
     # ------------------------------------------------------------------ prioritize
 
-    def tiers(self, nodes: list[Node], shape: PodShape) -> dict[str, int]:
+    def tiers(self, names: list[str], shape: PodShape, model_of: Callable[[str], Node | None]) -> dict[str, int]:
         """The packing plan's preference per node (absent: 0): `JOINS`, `OPENS` or
         `EATS_RESERVATION`. Only a share pod of a planned size can rank up; any other pod can
         only rank down, on nodes holding reservations."""
@@ -196,7 +197,10 @@ class Sharing:
             joins = {str(n) for n, _ in packer.awaiting(size)} if size else set()
             need = packer.opening_need(size) if size else (0.0, 0.0)
         tiers: dict[str, int] = {}
-        for node in nodes if size else [n for n in nodes if n.name in reserved]:
+        for name in names if size else [n for n in names if n in reserved]:
+            node = model_of(name)
+            if node is None:
+                continue
             res = reserved.get(node.name, (0.0, 0.0))
             if node.name in joins:
                 tiers[node.name] = JOINS

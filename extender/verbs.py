@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -24,11 +24,14 @@ import structlog
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
+from extender.errors import BadRequest
 from extender.gangs.manager import GangManager
+from extender.memo import ShapeMemo
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
+from extender.scoring import fragmentation_scores
 from extender.sharing import Sharing
 from solver import (
     DeviceAssignment,
@@ -46,40 +49,6 @@ log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
-
-
-class BadRequest(ValueError):
-    """A malformed extender request: answered with HTTP 400 and this message."""
-
-
-@dataclass
-class _Memo:
-    """Per pod shape: which nodes were checked, why the failing ones fail, and scores. Synced
-    from the cache's change log, so each call re-checks only nodes touched since the last."""
-
-    epoch: int = -1
-    cursor: int = 0
-    checked: set[str] = field(default_factory=set)
-    failed: dict[str, str] = field(default_factory=dict)
-    scores: dict[str, int] = field(default_factory=dict)
-    deltas: dict[str, float] = field(default_factory=dict)  # fragmentation growth per node
-    workload_generation: int = -1  # the target workload `deltas` were measured against
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def sync(self, cache: Cache) -> None:
-        changes = cache.changes_since(self.epoch, self.cursor)
-        changed, self.epoch, self.cursor = changes.nodes, changes.epoch, changes.cursor
-        if changed is None:
-            self.checked.clear()
-            self.failed.clear()
-            self.scores.clear()
-            self.deltas.clear()
-            return
-        for name in changed:
-            self.checked.discard(name)
-            self.failed.pop(name, None)
-            self.scores.pop(name, None)
-            self.deltas.pop(name, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +76,7 @@ class Verbs:
         self.metrics = metrics
         self.sharing = sharing if sharing is not None else Sharing(cache)
         self.config = config
-        self._memo: dict[tuple[Any, ...], _Memo] = {}
+        self._memo: dict[tuple[Any, ...], ShapeMemo] = {}
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
@@ -177,7 +146,7 @@ class Verbs:
         models = self.cache.pool_models(pool)
         return _Ask(PodShape(pod.requests, pod.demand, gpu_models=models), pool, pool.mode)
 
-    def _check(self, memo: _Memo, name: str, ask: _Ask) -> None:
+    def _check(self, memo: ShapeMemo, name: str, ask: _Ask) -> None:
         node = self.cache.node_model(name)
         memo.checked.add(name)
         if node is None:
@@ -257,19 +226,15 @@ class Verbs:
 
     def _prioritize_by_fragmentation(
         self,
-        memo: _Memo,
+        memo: ShapeMemo,
         names: list[str],
         shape: PodShape,
         workload: tuple[WorkloadClass, ...],
         *,
         by_name: bool = True,
     ) -> list[Any]:
-        """FGD-style: the node where the target workload's fragmentation grows least scores 10,
-        ties broken by node name (a fixed order packs; kube-scheduler's random tie-break among
-        equal scores would scatter pods, which costs several points of allocation); the others
-        scale down with their growth. With a packing plan, nodes rank by tier first
-        (`Sharing.tiers`): the best tier's nodes take 5..10, the rest 0..4. Without `by_name`,
-        every node equal to the best gets 10, and no node stands out: no scores at all."""
+        """Fragmentation growth per node, memoised per shape and node version, ranked by
+        extender/scoring.py (with the packing tiers of extender/sharing.py)."""
         with memo.lock:
             memo.sync(self.cache)
             if memo.workload_generation != self.sharing.workload_generation:
@@ -286,34 +251,9 @@ class Verbs:
             deltas = {n: d for n, d in deltas.items() if d != math.inf}
         if not deltas:
             return []
-        tiers = self.sharing.tiers([m for n in deltas if (m := self.cache.node_model(n)) is not None], shape)
-        tier = tiers.get
-        if tiers:
-            lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
-        else:  # the common case (no packing preference here), in C-speed passes
-            least = min(deltas.values())
-            lead = min([n for n, d in deltas.items() if d == least])
-        top, first = tier(lead, 0), deltas[lead]
-        if by_name:
-            leaders = [lead]
-        else:
-            leaders = [n for n, d in deltas.items() if d == first and tier(n, 0) == top]
-            if len(leaders) == len(deltas):
-                return []
-        if tiers:
-            upper = {n: d for n, d in deltas.items() if tier(n, 0) == top}
-            lower = {n: d for n, d in deltas.items() if tier(n, 0) != top}
-        else:
-            upper, lower = deltas, {}
-        scores: dict[str, int] = {}
-        for (low, high), members in (((5, 9), upper), ((0, 4), lower)):
-            if members:
-                band = _band(set(members.values()), low, high)  # few distinct deltas: score each once
-                scores.update({n: band[d] for n, d in members.items()})
-        for n in leaders:
-            scores[n] = 10
-        floor = min(scores.values())  # the same shift as the other path: the reply stays small
-        return [self._host_score(n, v - floor) for n, v in scores.items() if v > floor]
+        tiers = self.sharing.tiers(list(deltas), shape, self.cache.node_model)
+        scores = fragmentation_scores(deltas, tiers, by_name=by_name)
+        return [self._host_score(n, v) for n, v in scores.items()]
 
     def _host_score(self, host: str, score: int) -> orjson.Fragment:
         """One pre-serialized {"Host", "Score"} entry; the same pairs recur on every call."""
@@ -325,7 +265,7 @@ class Verbs:
             fragment = self._fragments[key] = orjson.Fragment(orjson.dumps({"Host": host, "Score": score}))
         return fragment
 
-    def _memo_for(self, ask: _Ask) -> _Memo:
+    def _memo_for(self, ask: _Ask) -> ShapeMemo:
         pool = ask.pool.name if ask.pool is not None else ""
         key = (ask.shape.requests, ask.shape.gpu, ask.shape.gpu_models, ask.mode, pool)
         with self._memo_lock:
@@ -333,7 +273,7 @@ class Verbs:
             if memo is None:
                 if len(self._memo) > 1024:
                     self._memo.clear()  # many distinct shapes: start over rather than grow
-                memo = self._memo[key] = _Memo()
+                memo = self._memo[key] = ShapeMemo()
             return memo
 
     # ------------------------------------------------------------------ bind
@@ -434,12 +374,3 @@ def _node_names(args: dict[str, Any]) -> list[str]:
     if not isinstance(names, list) or not set(map(type, names)) <= {str}:
         raise BadRequest("NodeNames must be a list of strings")
     return names
-
-
-def _band(values: set[float], low: int, high: int) -> dict[float, int]:
-    """Scores low..high for fragmentation deltas, the least growth highest, linear between."""
-    best, worst = min(values), max(values)
-    span = worst - best
-    if span <= 0:
-        return {d: high for d in values}
-    return {d: low + round((high - low) * (1 - (d - best) / span)) for d in values}

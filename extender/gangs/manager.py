@@ -18,6 +18,10 @@ break, kube-scheduler requeues the members, and the new process plans again from
 States (`GangPhase`): Pending -> Planned (reserved) -> Binding (gate open) -> Scheduled; a
 release (timeout, a member deleted, its planned node gone) goes back to Pending.
 
+This module is past 400 lines on purpose: the cycle's transitions (plan, reserve, permit,
+release, retry, the preemption question) share one lock and one state record per gang; what
+is pure lives beside it (requests.py: members to a solver request; membership.py: the index).
+
 Locks: `lock` guards the gang states and is held only briefly (never across a solve), so a
 gang's filter never waits for another gang's solve. Solves are serialised by `_solving`:
 each sees the reservations of the one before (no double booking), and results are applied
@@ -113,15 +117,18 @@ class GangManager:
     def rekey(self, uids: set[str]) -> None:
         self.membership.rekey(uids)
 
-    def _resolve(self, pod: PodInfo, key: str) -> Resolution | None:
-        """The pod's gang definition, or None when it is scheduled as a single pod."""
+    def _resolve(self, pod: PodInfo) -> tuple[str, Resolution] | None:
+        """The pod's gang key and definition, or None when it is scheduled as a single pod."""
+        key = self.gang_of(pod)
+        if not key:
+            return None
         if key.startswith((RI_PREFIX, RI_WAITING)) and self.ri is not None:
             res: Resolution | None = self.ri.resolve(pod, key, self.membership.member_pods(key))
         else:
             res = resolve(self.objects, pod.namespace, pod.labels, pod.annotations, pod.scheduling_group)
         if res is None or (res.spec is not None and not res.spec.enabled):
             return None
-        return res
+        return key, res
 
     def _members(self, state: GangState, pods: list[PodInfo]) -> Members:
         return requests.split(pods, planned=state.plan, bound_here=state.bound_uids)
@@ -130,12 +137,10 @@ class GangManager:
 
     def filter(self, pod: PodInfo, names: list[str]) -> Verdict | None:
         """The answer for a gang member, or None when the pod is scheduled as a single pod."""
-        key = self.gang_of(pod)
-        if not key:
+        resolved = self._resolve(pod)
+        if resolved is None:
             return None
-        res = self._resolve(pod, key)
-        if res is None:
-            return None
+        key, res = resolved
         with self.lock:
             state = self.gangs.setdefault(key, GangState(key))
             if res.spec is None:  # no definition yet: its arrival wakes the members
@@ -306,12 +311,10 @@ class GangManager:
         """Whether evicting pods could let this member's gang be placed: False without
         quorum or definition, with a plan already, or when the gang does not fit even with
         every pod of lower priority than `pod` gone; None for a pod of no gang."""
-        key = self.gang_of(pod)
-        if not key:
+        resolved = self._resolve(pod)
+        if resolved is None:
             return None
-        res = self._resolve(pod, key)
-        if res is None:
-            return None
+        key, res = resolved
         if res.spec is None:
             return False
         with self.lock:

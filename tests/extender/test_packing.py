@@ -33,7 +33,7 @@ def ext() -> Extender:
 
 
 def tiers_of(ext: Extender, names: list[str], shape: PodShape) -> dict[str, int]:
-    return ext.sharing.tiers([m for n in names if (m := ext.cache.node_model(n)) is not None], shape)
+    return ext.sharing.tiers(names, shape, ext.cache.node_model)
 
 
 def shape(milli: int, cpu_milli: int) -> PodShape:

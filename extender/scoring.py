@@ -1,0 +1,57 @@
+"""Prioritize's ranking by fragmentation: growth per node to extender scores (pure).
+
+FGD-style: the node where the target workload's fragmentation grows least scores 10, ties
+broken by node name (a fixed order packs; kube-scheduler's random tie-break among equal
+scores would scatter pods, which costs several points of allocation); the others scale down
+with their growth. With a packing plan, nodes rank by tier first (extender/sharing.py): the
+best tier's nodes take 5..9, the rest 0..4. Without `by_name`, every node equal to the best
+gets 10, and when no node stands out there are no scores at all.
+
+Replies are shifted so the lowest score is 0 and zeros are left out: the scheduler adds
+nothing for a missing host, and a shift common to all hosts keeps their order, so the reply
+stays small when most nodes look alike.
+"""
+
+from __future__ import annotations
+
+
+def fragmentation_scores(deltas: dict[str, float], tiers: dict[str, int], *, by_name: bool) -> dict[str, int]:
+    """Host -> score (0 left out) for the nodes of `deltas` (fragmentation growth, finite)."""
+    if not deltas:
+        return {}
+    tier = tiers.get
+    if tiers:
+        lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
+    else:  # the common case (no packing preference here), in C-speed passes
+        least = min(deltas.values())
+        lead = min([n for n, d in deltas.items() if d == least])
+    top, first = tier(lead, 0), deltas[lead]
+    if by_name:
+        leaders = [lead]
+    else:
+        leaders = [n for n, d in deltas.items() if d == first and tier(n, 0) == top]
+        if len(leaders) == len(deltas):
+            return {}
+    if tiers:
+        upper = {n: d for n, d in deltas.items() if tier(n, 0) == top}
+        lower = {n: d for n, d in deltas.items() if tier(n, 0) != top}
+    else:
+        upper, lower = deltas, {}
+    scores: dict[str, int] = {}
+    for (low, high), members in (((5, 9), upper), ((0, 4), lower)):
+        if members:
+            band = score_band(set(members.values()), low, high)  # few distinct deltas: score each once
+            scores.update({n: band[d] for n, d in members.items()})
+    for n in leaders:
+        scores[n] = 10
+    floor = min(scores.values())
+    return {n: v - floor for n, v in scores.items() if v > floor}
+
+
+def score_band(values: set[float], low: int, high: int) -> dict[float, int]:
+    """Scores low..high for fragmentation deltas, the least growth highest, linear between."""
+    best, worst = min(values), max(values)
+    span = worst - best
+    if span <= 0:
+        return {d: high for d in values}
+    return {d: low + round((high - low) * (1 - (d - best) / span)) for d in values}

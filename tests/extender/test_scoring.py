@@ -1,0 +1,40 @@
+"""Prioritize's score band: fragmentation growth to scores, least growth highest."""
+
+from __future__ import annotations
+
+import pytest
+
+from extender.scoring import fragmentation_scores
+from extender.scoring import score_band as _band
+
+
+@pytest.mark.parametrize(
+    ("case", "values", "low", "high", "want"),
+    [
+        ("one value takes the top of the band", {0.5}, 5, 9, {0.5: 9}),
+        ("equal growth everywhere: all top", {1.0}, 0, 4, {1.0: 4}),
+        ("least growth highest, most lowest", {0.0, 1.0}, 5, 9, {0.0: 9, 1.0: 5}),
+        ("linear between, rounded", {0.0, 0.5, 1.0}, 0, 4, {0.0: 4, 0.5: 2, 1.0: 0}),
+        ("negative growth (a fragmentation drop) ranks first", {-1.0, 0.0, 3.0}, 0, 4, {-1.0: 4, 0.0: 3, 3.0: 0}),
+    ],
+)
+def test_band(case: str, values: set[float], low: int, high: int, want: dict[float, int]) -> None:
+    assert _band(values, low, high) == want, case
+
+
+@pytest.mark.parametrize(
+    ("case", "deltas", "tiers", "by_name", "want"),
+    [
+        ("least growth leads; shifted so the lowest is 0 and left out", {"a": 0.0, "b": 1.0}, {}, True, {"a": 5}),
+        ("ties at the top break by name", {"b": 0.0, "a": 0.0, "c": 1.0}, {}, True, {"a": 5, "b": 4}),
+        ("without the name tie-break every leader ties", {"b": 0.0, "a": 0.0, "c": 1.0}, {}, False, {"a": 5, "b": 5}),
+        ("no node stands out: no scores", {"a": 0.5, "b": 0.5}, {}, False, {}),
+        ("a better packing tier beats less growth", {"a": 0.0, "b": 2.0}, {"b": 2}, True, {"b": 6}),
+        ("a node eating a reservation ranks below an equal one", {"a": 0.0, "b": 0.0}, {"a": -1}, True, {"b": 6}),
+        ("no nodes", {}, {}, True, {}),
+    ],
+)
+def test_fragmentation_scores(
+    case: str, deltas: dict[str, float], tiers: dict[str, int], by_name: bool, want: dict[str, int]
+) -> None:
+    assert fragmentation_scores(deltas, tiers, by_name=by_name) == want, case
