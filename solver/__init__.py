@@ -14,7 +14,8 @@ and renamed without touching the Kubernetes side.
 - MIG profile tables: `MigTable`, `load_tables`.
 """
 
-from solver.capacity import DeviceState, NodeState
+from solver.capacity import DeviceState
+from solver.fit import fits
 from solver.frag import WorkloadClass, demand_of, placement_delta, workload_classes, workload_drift
 from solver.mig import MigTable, load_tables
 from solver.model import (
@@ -43,7 +44,7 @@ from solver.model import (
 from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode, SolverParams
 from solver.plan import plan
-from solver.single import fits
+from solver.preference import NodeState
 from solver.single import reason as unfit_reason
 from solver.single import score as node_score
 

@@ -368,9 +368,10 @@ def _unit_free(problem: Problem, u: int) -> dict[str, int]:
         for dim, value in (("cpu", f.cpu_milli), ("memory", f.memory_mib), ("pods", f.pods), *f.extended):
             free[dim] = free.get(dim, 0) + max(0, value)
         for d in node.gpus:
-            if d.partition is not None and (d.mig_layout or d.is_idle):
+            table = d.cuttable()
+            if table is not None:
                 # Each profile's own count: a relaxation across profiles (validated downstream).
-                for p in d.partition.profiles:
+                for p in table.profiles:
                     free[f"mig:{p.name}"] = free.get(f"mig:{p.name}", 0) + d.mig_free(p.name)
             if d.is_mig:
                 for s in d.mig:

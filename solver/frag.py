@@ -339,15 +339,6 @@ def placement_delta(
     return best
 
 
-def preferred_devices(node: Node, shape: PodShape, classes: Sequence[WorkloadClass]) -> tuple[int, ...]:
-    """The devices a whole or share pod should take on `node` so the target workload fragments
-    least (the fullest device among equal scores); () when the measure has no say."""
-    if not classes or shape.gpu.kind not in (GpuKind.SHARE, GpuKind.WHOLE):
-        return ()
-    verdict = placement_delta(node, shape, classes, fullest_on_ties=True)
-    return verdict.devices if verdict.fits else ()
-
-
 def _fgd_score(delta: float) -> int:
     return int(100.0 / (1.0 + math.exp(max(-700.0, min(700.0, delta / FULL_SHARE)))))
 

@@ -7,9 +7,9 @@ whole if any member does not fit, so a solve never leaves a gang half-placed.
 
 from __future__ import annotations
 
-from solver.capacity import NodeState, clone_state
 from solver.frag import WorkloadClass
 from solver.model import ClusterSnapshot, DeviceAssignment, PodShape
+from solver.preference import NodeState
 
 
 class Ledger:
@@ -30,7 +30,7 @@ class Ledger:
     def take(self, node: int, shape: PodShape) -> tuple[DeviceAssignment, ...] | None:
         state = self.states.get(node)
         if self._saved is not None and node not in self._saved:
-            self._saved[node] = None if state is None else clone_state(state)
+            self._saved[node] = None if state is None else state.copy()
         if state is None:
             state = self.states[node] = NodeState(self.nodes[node])
         return state.take(shape, spread=self.spread, workload=self.workload)

@@ -17,13 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
+from solver.device import FULL_SHARE as FULL_SHARE  # the model's unit of GPU share, re-exported
+from solver.device import DeviceFit
 from solver.mig import MigSlot, MigTable
-from solver.mig import capacity as mig_capacity
 
 NodeName = NewType("NodeName", str)
 GangName = NewType("GangName", str)
-
-FULL_SHARE = 1000  # milli-GPU in one device
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +67,8 @@ class MigSlice:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuDevice:
-    """One physical GPU on a node with what is still free on it."""
+class GpuDevice(DeviceFit):
+    """One physical GPU on a node with what is still free on it (the device rule: `DeviceFit`)."""
 
     index: int
     model: str
@@ -93,30 +92,10 @@ class GpuDevice:
         if self.free_tflops < 0:
             object.__setattr__(self, "free_tflops", self.tflops)
 
-    @property
-    def is_mig(self) -> bool:
-        """In MIG mode: statically partitioned, or holding dynamic slices."""
-        return bool(self.mig) or bool(self.mig_layout)
-
-    @property
-    def is_idle(self) -> bool:
-        """No share and no memory taken: the device can go to a whole-GPU pod."""
-        return (
-            not self.mig
-            and not self.mig_layout
-            and self.free_milli == FULL_SHARE
-            and self.free_memory_mib == self.memory_mib
-            and self.free_tflops == self.tflops
-        )
-
-    def mig_free(self, profile: str) -> int:
-        """Slices of `profile` this device can still give: free static slices, or how many more
-        a dynamic partition can cut (exact for one profile)."""
+    def static_free(self, profile: str) -> int:
         for s in self.mig:
             if s.profile == profile:
                 return s.free
-        if self.partition is not None and (self.mig_layout or self.is_idle):
-            return mig_capacity(self.partition, self.mig_layout, profile)
         return 0
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from solver.capacity import UNLIMITED, eligible
-from solver.model import ClusterSnapshot, GangRequest, GpuKind, Node, PodShape
+from solver.fit import eligible, node_fit
+from solver.model import ClusterSnapshot, GangRequest, PodShape
 from solver.topology import TopologyIndex
 
 
@@ -57,39 +57,6 @@ class Problem:
     gangs: list[GangProblem]
 
 
-def node_capacity(node: Node, shape: PodShape) -> int:
-    """Pods of `shape` that fit on an eligible `node` as the snapshot has it (exact for one
-    shape)."""
-    alloc, used, req = node.allocatable, node.used, shape.requests
-    fit = UNLIMITED
-    if req.cpu_milli > 0:
-        fit = (alloc.cpu_milli - used.cpu_milli) // req.cpu_milli
-    if req.memory_mib > 0:
-        fit = min(fit, (alloc.memory_mib - used.memory_mib) // req.memory_mib)
-    if req.pods > 0:
-        fit = min(fit, (alloc.pods - used.pods) // req.pods)
-    for key, value in req.extended:
-        if value > 0:
-            fit = min(fit, (alloc.get(key) - used.get(key)) // value)
-    if fit <= 0:
-        return 0
-    demand = shape.gpu
-    kind = demand.kind
-    if kind is GpuKind.NONE:
-        return fit
-    models = shape.gpu_models
-    if kind is GpuKind.WHOLE and models is None:
-        return min(fit, node.idle_gpus // demand.count)
-    devices = node.gpus if models is None else [d for d in node.gpus if d.model in models]
-    if kind is GpuKind.WHOLE:
-        return min(fit, sum(1 for d in devices if d.is_idle) // demand.count)
-    if kind is GpuKind.MIG:
-        return min(fit, sum(d.mig_free(demand.mig_profile) for d in devices) // demand.count)
-    from solver.capacity import NodeState  # shares need per-device arithmetic
-
-    return min(fit, NodeState(node).gpu_fit(shape))
-
-
 def prepare(snapshot: ClusterSnapshot, requests: list[GangRequest], topo: TopologyIndex) -> Problem:
     gangs = [_prepare_gang(i, r, snapshot, topo) for i, r in enumerate(requests)]
     return Problem(snapshot, topo, gangs)
@@ -110,7 +77,7 @@ def _prepare_gang(index: int, request: GangRequest, snapshot: ClusterSnapshot, t
             if not eligible(node, eq.shape):
                 continue
             caps.eligible += 1
-            c = node_capacity(node, eq.shape)
+            c = node_fit(node, eq.shape)
             if host_slice > 1:
                 c -= c % host_slice
             if c > 0:

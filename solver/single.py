@@ -2,16 +2,22 @@
 
 This is the extender's per-node hot path (filter and prioritize call it once per candidate
 node, and memoise on the node's version), so it works from the immutable `Node` directly.
+Fit is the fit model's (fit.py); the reasons name the first check of that model that fails,
+each with its stable prefix below and the numbers that matter.
 """
 
 from __future__ import annotations
 
-from solver.capacity import DeviceState, NodeState, eligible
-from solver.model import FULL_SHARE, GpuKind, Node, PodShape
+from solver.capacity import DeviceState, NodeCapacity
+from solver.device import FULL_SHARE
+from solver.fit import allowed_devices, scalar_shortfall
+from solver.model import GpuKind, Node, PodShape
 from solver.params import PlacementMode
-from solver.problem import node_capacity
 
 MAX_SCORE = 10
+# The GPU fill ratio scores 0..8 of the 10: 0.8 was its weight beside a per-node preference
+# (0.2) that nothing ever set; the scale stays as the benchmarks measured it.
+FILL_WEIGHT = 0.8
 
 NODE_CORDONED = "node is cordoned"
 NODE_INELIGIBLE = "node is not eligible for this pod"
@@ -27,34 +33,29 @@ MIG_SLICES = "not enough free MIG slices"
 NO_TFLOPS = "pod requests TFLOPs; this node's GPU model has no TFLOPs rating (see gpu.models)"
 
 
-def fits(node: Node, shape: PodShape) -> bool:
-    return eligible(node, shape) and node_capacity(node, shape) > 0
-
-
 def reason(node: Node, shape: PodShape) -> str:
     """Why one pod of `shape` does not fit on `node`, with the numbers that matter."""
     if node.unschedulable:
         return NODE_CORDONED
     if shape.allowed_nodes is not None and node.name not in shape.allowed_nodes:
         return NODE_INELIGIBLE
-    free, req = node.free, shape.requests
-    if req.cpu_milli > free.cpu_milli:
-        return f"{INSUFFICIENT_CPU}: {free.cpu_milli}m free, pod needs {req.cpu_milli}m"
-    if req.memory_mib > free.memory_mib:
-        return f"{INSUFFICIENT_MEMORY}: {free.memory_mib}Mi free, pod needs {req.memory_mib}Mi"
-    if req.pods > free.pods:
+    short = scalar_shortfall(shape.requests, node.free)
+    if short is None:
+        return _gpu_reason(node, shape)
+    if short.resource == "cpu":
+        return f"{INSUFFICIENT_CPU}: {short.free}m free, pod needs {short.need}m"
+    if short.resource == "memory":
+        return f"{INSUFFICIENT_MEMORY}: {short.free}Mi free, pod needs {short.need}Mi"
+    if short.resource == "pods":
         return INSUFFICIENT_PODS
-    for key, value in req.extended:
-        if value > free.get(key):
-            return f"{INSUFFICIENT} {key}: {free.get(key)} free, pod needs {value}"
-    return _gpu_reason(node, shape)
+    return f"{INSUFFICIENT} {short.resource}: {short.free} free, pod needs {short.need}"
 
 
 def _gpu_reason(node: Node, shape: PodShape) -> str:
     gpu = shape.gpu
     if not node.gpus:
         return NO_GPU
-    devices = [d for d in node.gpus if shape.gpu_models is None or d.model in shape.gpu_models]
+    devices = allowed_devices(node.gpus, shape.gpu_models)
     if not devices:
         return f"{WRONG_MODEL} ({', '.join(sorted(shape.gpu_models or ()))})"
     if gpu.kind is GpuKind.WHOLE:
@@ -75,23 +76,22 @@ def _gpu_reason(node: Node, shape: PodShape) -> str:
 
 
 def score(node: Node, shape: PodShape, mode: PlacementMode) -> int:
-    """0..10: how good placing one pod here is for GPU fragmentation.
+    """0..8: how good placing one pod here is for GPU fragmentation.
 
     CompactFirst: the fuller the node's GPUs after placing the pod, the higher (fills partly
     used GPUs and nodes, keeps idle ones whole). LowLoadFirst: the reverse. Pods without GPU
-    demand score by the node's preference only.
+    demand, nodes without GPUs and MIG-only nodes (slices are not a fill ratio) score 0.
     """
-    preference = shape.node_scores.get(node.name, 0)
     if shape.gpu.kind is GpuKind.NONE or not node.gpus:
-        return min(MAX_SCORE, preference)
-    state = NodeState(node)
-    taken = state.take(shape, spread=mode is PlacementMode.LOW_LOAD_FIRST)
-    plain = [d for d in state.devices if not d.mig and not d.layout]
+        return 0
+    state = NodeCapacity(node)
+    taken = state.take_preferring(shape, spread=mode is PlacementMode.LOW_LOAD_FIRST)
+    plain = [d for d in state.devices if not d.is_mig]
     if taken is None or not plain:
-        return min(MAX_SCORE, preference)  # MIG-only nodes: slices are not a fill ratio
+        return 0
     used = sum(_load(d) for d in plain) / len(plain)
     fill = used if mode is PlacementMode.COMPACT_FIRST else 1 - used
-    return min(MAX_SCORE, round(MAX_SCORE * fill * 0.8 + preference * 0.2))
+    return min(MAX_SCORE, round(MAX_SCORE * fill * FILL_WEIGHT))
 
 
 def _load(d: DeviceState) -> float:

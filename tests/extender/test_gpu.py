@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from extender.gpu import DemandError, demand
 from extender.objects import pod_info
-from solver.capacity import NodeState
+from solver import NodeState
 from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
 
 

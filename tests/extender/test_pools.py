@@ -19,7 +19,7 @@ from extender.app import Extender, Options
 from extender.config import ConfigError, GpuConfig, parse
 from extender.objects import DEVICES_ANNOTATION, decode_devices
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Hardware
-from solver.capacity import NodeState
+from solver import NodeState
 from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
 from tests.extender.fakes import FakeKube, node, pod
 from tests.extender.test_server import call

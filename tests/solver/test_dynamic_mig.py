@@ -9,8 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solver import plan
-from solver.capacity import NodeState
+from solver import NodeState, plan
 from solver.mig import MigSlot, load_tables, violations
 from solver.model import (
     ClusterSnapshot,
@@ -46,7 +45,7 @@ def mig_pod(profile: str, count: int = 1) -> PodShape:
 
 
 def layouts(state: NodeState) -> dict[int, tuple[MigSlot, ...]]:
-    return {d.index: d.layout for d in state.devices}
+    return {d.index: d.mig_layout for d in state.devices}
 
 
 def test_a_first_small_slice_keeps_the_large_profiles_placeable() -> None:
@@ -133,7 +132,7 @@ def test_any_sequence_of_pods_keeps_every_gpu_valid(demands: list[GpuDemand]) ->
         for a in state.take(PodShape(Resources(pods=1), demand)) or ():
             users[a.index].add(demand.kind)
     for d in state.devices:
-        assert violations(H100, d.layout) == []
+        assert violations(H100, d.mig_layout) == []
         assert len(users[d.index]) <= 1, users
-        if d.layout:
+        if d.mig_layout:
             assert d.free_milli == 1000 and users[d.index] == {GpuKind.MIG}
