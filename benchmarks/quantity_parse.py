@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from decimal import Decimal
 
-from kubernetes.utils import parse_quantity
+from kubernetes.utils import parse_quantity as _untyped_parse_quantity
 
 from benchmarks.common import finish, parser
 from extender import quantity
@@ -25,8 +25,9 @@ from extender.quantity import _MAX, _MAX_TEXT, _QUANTITY  # the same checks, to 
 
 CPU = ["500m", "8", "100m", "2", "250m"]
 MEMORY = ["1Gi", "32Gi", "128Mi", "512Mi", "4Gi"]
-COUNTS = ["1", "8", 1, 8, "110"]
+COUNTS: list[str | int] = ["1", "8", 1, 8, "110"]
 Parse = Callable[[str | int | float], Decimal]
+parse_quantity: Parse = _untyped_parse_quantity
 
 
 def bounded_parse_quantity(value: str | int | float) -> Decimal:
