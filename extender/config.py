@@ -18,8 +18,18 @@ CONFIGMAP_NAME = "phalanx-config"
 CONFIGMAP_KEY = "config.yaml"
 
 
+# The wire spellings, once: PlacementMode(...) turns a mode into the solver's enum at the edge.
+PlacementName = Literal["CompactFirst", "LowLoadFirst"]
+QosName = Literal["low", "medium", "high", "critical"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+def _distinct(values: tuple[str, ...], what: str) -> None:
+    if len(set(values)) != len(values):
+        raise ValueError(f"{what} must be distinct, got {list(values)}")
 
 
 class TopologyConfig(_Strict):
@@ -31,9 +41,8 @@ class TopologyConfig(_Strict):
 
     @field_validator("levels")
     @classmethod
-    def _distinct(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(v)) != len(v):
-            raise ValueError("levels must be distinct")
+    def _distinct_levels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        _distinct(v, "levels")
         if any(not level.strip() for level in v):
             raise ValueError("levels must be non-empty label keys")
         return v
@@ -106,18 +115,21 @@ class NodeManagerConfig(_Strict):
 
 
 class QosDefinition(_Strict):
-    name: Literal["low", "medium", "high", "critical"]
+    name: QosName
     priority: int = Field(description="Priority pods of this QoS get in gang planning (higher is placed first).")
-    description: str = ""
+    description: str = Field("", description="Free text for people; Phalanx does not read it.")
 
 
 class QosConfig(_Strict):
-    default_qos: Literal["low", "medium", "high", "critical"] = Field("medium", alias="defaultQoS")
-    definitions: tuple[QosDefinition, ...] = (
-        QosDefinition(name="low", priority=0),
-        QosDefinition(name="medium", priority=100),
-        QosDefinition(name="high", priority=200),
-        QosDefinition(name="critical", priority=300),
+    default_qos: QosName = Field("medium", alias="defaultQoS", description="QoS of pods that name none.")
+    definitions: tuple[QosDefinition, ...] = Field(
+        (
+            QosDefinition(name="low", priority=0),
+            QosDefinition(name="medium", priority=100),
+            QosDefinition(name="high", priority=200),
+            QosDefinition(name="critical", priority=300),
+        ),
+        description="Gang-planning priority per QoS level: low < medium < high < critical, 100 apart.",
     )
 
 
@@ -134,10 +146,12 @@ class GpuFilter(_Strict):
 
 
 class Placement(_Strict):
-    mode: Literal["CompactFirst", "LowLoadFirst"] = Field(
+    mode: PlacementName = Field(
         "CompactFirst", description="Bin-pack (CompactFirst) or spread (LowLoadFirst), at node and GPU level."
     )
-    gpu_filters: tuple[GpuFilter, ...] = Field((), alias="gpuFilters")
+    gpu_filters: tuple[GpuFilter, ...] = Field(
+        (), alias="gpuFilters", description="Keep only GPUs every filter passes; none: every GPU of the pool."
+    )
 
 
 class SchedulingConfig(_Strict):
@@ -159,7 +173,7 @@ class PoolConfig(_Strict):
 
 
 class GpuConfig(_Strict):
-    placement_mode: Literal["CompactFirst", "LowLoadFirst"] = Field(
+    placement_mode: PlacementName = Field(
         "CompactFirst",
         alias="placementMode",
         description="CompactFirst bin-packs partly used GPUs and nodes (keeps whole GPUs free for "
@@ -195,15 +209,19 @@ class GpuConfig(_Strict):
     @field_validator("pools")
     @classmethod
     def _distinct_pools(cls, v: tuple[PoolConfig, ...]) -> tuple[PoolConfig, ...]:
-        names = [p.name for p in v]
-        if len(set(names)) != len(names):
-            raise ValueError(f"pool names must be distinct, got {names}")
+        _distinct(tuple(p.name for p in v), "pool names")
         return v
 
 
 class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
-        "info", alias="logLevel", description="Log level; info logs one line per extender call."
+        "info",
+        alias="logLevel",
+        description="Log level. info: start-up, configuration applied, watches (listed, expired, new kinds), "
+        "workload types and gang decisions (planned, not placed, released), not each extender call; "
+        "warning and error: faults and rejected input. debug adds one line per filter call (pod, node count, "
+        "outcome, cache generation) and per bind (pod, node, devices, API time). Per-verb latency and outcome "
+        "counts are in /metrics at every level. Default info: quiet at the scheduler's call rate.",
     )
 
 
