@@ -35,6 +35,21 @@ def _uid(*parts: str) -> str:
     return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
+def root(
+    api_version: str, kind: str, name: str, *, spec: JSON, status: JSON, annotations: dict[str, str] | None = None
+) -> JSON:
+    """A root CR in the samples' namespace."""
+    metadata: JSON = {"name": name, "namespace": NS}
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec, "status": status}
+
+
+def owner_of(cr: JSON) -> JSON:
+    """The controller reference a CR's controller puts on the objects it creates."""
+    return owner(cr["apiVersion"], cr["kind"], cr["metadata"]["name"])
+
+
 def owner(api_version: str, kind: str, name: str) -> JSON:
     return {
         "apiVersion": api_version,
@@ -133,14 +148,8 @@ def pytorchjob(
         spec["runPolicy"]["schedulingPolicy"] = {"minAvailable": min_available}
     if elastic_min is not None:
         spec["elasticPolicy"] = {"minReplicas": elastic_min, "maxReplicas": workers, "rdzvBackend": "c10d"}
-    cr = {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-        "status": conditions(("Created", "True")),
-    }
-    ref = owner("kubeflow.org/v1", "PyTorchJob", name)
+    cr = root("kubeflow.org/v1", "PyTorchJob", name, spec=spec, status=conditions(("Created", "True")))
+    ref = owner_of(cr)
     roles = ([("master", 0)] if master else []) + [("worker", i) for i in range(workers)]
     pods = []
     for rtype, index in roles:
@@ -170,13 +179,9 @@ def mpijob(name: str = "allreduce", *, workers: int = 4, wait_for_workers: bool 
     }
     if wait_for_workers:
         spec["launcherCreationPolicy"] = "WaitForWorkersReady"
-    cr = {
-        "apiVersion": "kubeflow.org/v2beta1",
-        "kind": "MPIJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-        "status": conditions(("Created", "True"), ("Running", "True")),
-    }
+    cr = root(
+        "kubeflow.org/v2beta1", "MPIJob", name, spec=spec, status=conditions(("Created", "True"), ("Running", "True"))
+    )
     base = {"training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-name": name}
     job_name = f"{name}-launcher"
     launcher_labels = {**base, "training.kubeflow.org/job-role": "launcher", **job_labels(job_name)}
@@ -185,7 +190,7 @@ def mpijob(name: str = "allreduce", *, workers: int = 4, wait_for_workers: bool 
         if wait_for_workers
         else [pod(f"{job_name}-x7k2p", labels=launcher_labels, owner_ref=owner("batch/v1", "Job", job_name))]
     )
-    ref = owner("kubeflow.org/v2beta1", "MPIJob", name)
+    ref = owner_of(cr)
     for i in range(workers):
         labels = {**base, "training.kubeflow.org/job-role": "worker", "training.kubeflow.org/replica-index": str(i)}
         pods.append(pod(f"{name}-worker-{i}", labels=labels, owner_ref=ref, gpus=8, container="worker"))
@@ -219,13 +224,13 @@ def jobset(
     spec: JSON = {"replicatedJobs": replicated, "failurePolicy": {"maxRestarts": 3}}
     if in_order:
         spec["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
-    cr = {
-        "apiVersion": "jobset.x-k8s.io/v1alpha2",
-        "kind": "JobSet",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": spec,
-        "status": {"replicatedJobsStatus": [{"name": rj, "active": r, "ready": 0} for rj, r, _ in rjobs]},
-    }
+    cr = root(
+        "jobset.x-k8s.io/v1alpha2",
+        "JobSet",
+        name,
+        spec=spec,
+        status={"replicatedJobsStatus": [{"name": rj, "active": r, "ready": 0} for rj, r, _ in rjobs]},
+    )
     total = sum(r for _, r, _ in rjobs)
     pods, global_index = [], 0
     for rj, replicas, parallelism in rjobs:
@@ -266,11 +271,11 @@ def _jobset_pod(name: str, rj: str, replicas: int, j: int, k: int, job_name: str
 def leaderworkerset(
     name: str = "vllm", *, replicas: int = 3, size: int = 4, workers_created: bool = True
 ) -> tuple[JSON, list[JSON]]:
-    cr = {
-        "apiVersion": "leaderworkerset.x-k8s.io/v1",
-        "kind": "LeaderWorkerSet",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
+    cr = root(
+        "leaderworkerset.x-k8s.io/v1",
+        "LeaderWorkerSet",
+        name,
+        spec={
             "replicas": replicas,
             "startupPolicy": "LeaderCreated",
             "leaderWorkerTemplate": {
@@ -280,8 +285,8 @@ def leaderworkerset(
                 "workerTemplate": template(8, "vllm-worker"),
             },
         },
-        "status": conditions(("Progressing", "True")),
-    }
+        status=conditions(("Progressing", "True")),
+    )
     members = size if workers_created else 1  # leaders come first: they own the worker StatefulSets
     return cr, [_lws_pod(name, g, w, size) for g in range(replicas) for w in range(members)]
 
@@ -328,17 +333,14 @@ def inferenceservice(
     spec: JSON = {"predictor": predictor}
     if transformer:
         spec["transformer"] = {"containers": [{"name": "kserve-container", "image": "tok:1"}], "minReplicas": 1}
-    cr = {
-        "apiVersion": "serving.kserve.io/v1beta1",
-        "kind": "InferenceService",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "annotations": {"serving.kserve.io/deploymentMode": "RawDeployment"},
-        },
-        "spec": spec,
-        "status": conditions(("PredictorReady", "True"), ("Ready", "True")),
-    }
+    cr = root(
+        "serving.kserve.io/v1beta1",
+        "InferenceService",
+        name,
+        annotations={"serving.kserve.io/deploymentMode": "RawDeployment"},
+        spec=spec,
+        status=conditions(("PredictorReady", "True"), ("Ready", "True")),
+    )
     pods = []
     components = [("predictor", predictor_min or 1)] + ([("transformer", 1)] if transformer else [])
     for component, count in components:
@@ -375,11 +377,11 @@ def trainjob(
     }
     if num_nodes is not None:
         trainer["numNodes"] = num_nodes
-    cr = {
-        "apiVersion": "trainer.kubeflow.org/v1alpha1",
-        "kind": "TrainJob",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
+    cr = root(
+        "trainer.kubeflow.org/v1alpha1",
+        "TrainJob",
+        name,
+        spec={
             "runtimeRef": {
                 "name": "torch-distributed",
                 "apiGroup": "trainer.kubeflow.org",
@@ -388,10 +390,8 @@ def trainjob(
             "initializer": {"dataset": {"storageUri": "hf://tatsu-lab/alpaca"}},
             "trainer": trainer,
         },
-        "status": {
-            "jobsStatus": [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}]
-        },
-    }
+        status={"jobsStatus": [{"name": "node", "active": 1, "ready": 0, "succeeded": 0, "failed": 0, "suspended": 0}]},
+    )
     rjobs = [("dataset-initializer", 1)] if initializers else []
     rjobs.append(("node", num_nodes or 1))
     pods = []
@@ -424,19 +424,19 @@ def raycluster(
         }
         for g, r, m, h in groups
     ]
-    cr = {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayCluster",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
+    cr = root(
+        "ray.io/v1",
+        "RayCluster",
+        name,
+        spec={
             "rayVersion": "2.41.0",
             "enableInTreeAutoscaling": autoscaling,
             "headGroupSpec": {"rayStartParams": {}, "template": template(0, "ray-head")},
             "workerGroupSpecs": worker_specs,
         },
-        "status": {"state": "ready"},
-    }
-    ref = owner("ray.io/v1", "RayCluster", name)
+        status={"state": "ready"},
+    )
+    ref = owner_of(cr)
     common = {
         "ray.io/cluster": name,
         "ray.io/is-ray-node": "yes",
