@@ -28,6 +28,7 @@ from extender.gangs.ri_source import RISource
 from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WORKLOAD, GangObjects
 from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
+from extender.objects import PodInfo
 from extender.pools import Hardware
 from extender.read_api import ReadApi
 from extender.ri.model import GVK
@@ -59,7 +60,9 @@ class Extender:
         self.cache = Cache(self.config.topology.levels, Hardware(self.config.gpu))
         self.binder = Binder(kube)
         self.gang_objects = GangObjects()
-        notifier = Notifier(self.binder)
+        self.notifier = notifier = Notifier(self.binder)
+        self.cache.on_pod_change(self._report_pod)
+        self.cache.on_invalid_node(self._report_node)
         self.registry = Registry()
         self.ri = RISource(self.registry, self.cache.pod)
         self.gangs = GangManager(
@@ -76,7 +79,9 @@ class Extender:
         )
         self.dynamic.sync(self.ri.watched_kinds())
         self.sharing = Sharing(self.cache, enabled=self.config.gpu.fragmentation_scoring)
-        self.verbs = Verbs(self.cache, self.binder, self.config, self.metrics, self.gangs, sharing=self.sharing)
+        self.verbs = Verbs(
+            self.cache, self.binder, self.config, self.metrics, self.gangs, sharing=self.sharing, synced=self.synced
+        )
         self.read_api = ReadApi(self.cache, self.gangs)
         self.reflectors = [
             Reflector(
@@ -134,7 +139,7 @@ class Extender:
             path,
             name=name,
             optional=True,
-            on_list=lambda items: self.gang_objects.replace(kind, items),
+            on_list=lambda items: self._definitions_listed(kind, items),
             on_event=lambda event, obj: self._definition_event(kind, event, obj),
         )
 
@@ -159,6 +164,37 @@ class Extender:
             self.binder.event(ref, reason="InvalidWorkloadType", message=message[:1024], kind="Warning")
         except (ApiError, OSError) as e:
             log.warning("could not record the event", error=str(e))
+
+    def _definitions_listed(self, kind: tuple[str, str], items: list[dict[str, Any]]) -> None:
+        """A (re-)list of definitions, e.g. once a CRD installed after start-up is served: the
+        members parked waiting for them are woken, as for a single new definition."""
+        self.gang_objects.replace(kind, items)
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+
+    def _report_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        """A pod with a request or device record Phalanx cannot use gets a Warning Event naming
+        the field (a cache listener: it only queues)."""
+        if new is None:
+            return
+        for reason, problem, before in (
+            ("InvalidGPURequest", new.error, old.error if old else ""),
+            ("UntrustedDeviceRecord", new.device_error, old.device_error if old else ""),
+        ):
+            if problem and problem != before:
+                ref = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": new.name, "namespace": new.namespace, "uid": new.uid},
+                }
+                self.notifier.report(ref, reason, f"pod {new.key}: {problem}")
+
+    def _report_node(self, obj: dict[str, Any], problem: str) -> None:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))[:253]
+        ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "uid": str(meta.get("uid", ""))[:64]}}
+        self.notifier.report(ref, "InvalidNode", f"node {name} skipped by Phalanx: {problem}")
 
     def _definition_event(self, kind: tuple[str, str], event: str, obj: dict[str, Any]) -> None:
         self.gang_objects.event(kind, event, obj)
@@ -208,18 +244,26 @@ class Extender:
         self.server.server_close()
         self.server.close_connections()
 
+    def synced(self) -> bool:
+        """Both the node and the pod lists are in: until then no verb may answer (a pass from
+        a half-loaded cache would double-book devices)."""
+        return all(r.listed.is_set() for r in self.reflectors)
+
     def ready(self) -> bool:
+        dead = self.notifier.alive()
+        if dead:
+            log.error("writer threads died", threads=dead)
         nodes, pods = self.cache.counts()
         self.metrics.cache_objects.labels("nodes").set(nodes)
         self.metrics.cache_objects.labels("pods").set(pods)
-        synced = all(r.listed.is_set() for r in self.reflectors)
+        synced = self.synced()
         if synced and not self._gc_tuned:
             # The cache is a large, long-lived heap: move it out of the collector's way, and
             # collect young objects less often, so no filter call pays for a full collection.
             gc.freeze()
             gc.set_threshold(50_000, 20, 100)
             self._gc_tuned = True
-        return synced
+        return synced and not dead
 
     # ------------------------------------------------------------------ configuration
 

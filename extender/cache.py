@@ -109,12 +109,17 @@ class Cache:
         self._changes: list[str] = []
         self._epoch = 0
         self._listeners: list[PodListener] = []
+        self._invalid_node: list[Callable[[JSON, str], None]] = []
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
         self._models_seen: set[str] = set()
 
     def on_pod_change(self, listener: PodListener) -> None:
         """Call `listener(old, new)` under the lock on every pod change (None for absent)."""
         self._listeners.append(listener)
+
+    def on_invalid_node(self, report: Callable[[JSON, str], None]) -> None:
+        """Call `report(node object, why)` (under the lock) for a Node the cache cannot parse."""
+        self._invalid_node.append(report)
 
     # ------------------------------------------------------------------ watch events
 
@@ -164,7 +169,14 @@ class Cache:
             self._set_pod(info)
 
     def _set_raw_node(self, obj: JSON) -> None:
-        info = node_info(obj, self.levels, self.hardware)
+        try:
+            info = node_info(obj, self.levels, self.hardware)
+        except Exception as e:  # a hostile or broken Node: keep what we had, report it, go on
+            name = str((obj.get("metadata") or {}).get("name", ""))[:253]
+            log.warning("node skipped: cannot parse it", node=name, error=str(e)[:512])
+            for report in self._invalid_node:
+                report(obj, f"{type(e).__name__}: {e}"[:512])
+            return
         self._raw_nodes[info.name] = obj
         if self._nodes.get(info.name) == info:
             return

@@ -85,6 +85,8 @@ def demand(pod: dict[str, Any], resources: dict[str, str] | None = None) -> GpuD
     resources = container_resources(pod) if resources is None else resources
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     gpus = quantity.count(resources.get(GPU, 0))
+    if gpus < 0:
+        raise DemandError(f"{GPU} must not be negative, not {resources.get(GPU)!r}")
     mig = {profile_of(k): quantity.count(v) for k, v in resources.items() if k.startswith(MIG_PREFIX)}
     mig = {k: v for k, v in mig.items() if v > 0}
     fraction, memory = annotations.get(FRACTION), annotations.get(MEMORY)

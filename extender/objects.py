@@ -23,7 +23,7 @@ import orjson
 from extender import quantity
 from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand, profile_of
 from extender.pools import POOL_ANNOTATIONS, QOS_ANNOTATIONS, Hardware, annotation
-from solver import DeviceAssignment, GpuDemand, GpuDevice, MigSlice, NodeName, Resources
+from solver import FULL_SHARE, DeviceAssignment, GpuDemand, GpuDevice, GpuKind, MigSlice, NodeName, Resources
 
 DEVICES_ANNOTATION = "phalanx.io/gpu-devices"
 MIG_LAYOUT_ANNOTATION = "phalanx.io/mig-layout"
@@ -79,6 +79,7 @@ class PodInfo:
     qos: str = ""  # QoS level within its pool
     owners: tuple[OwnerRef, ...] = ()
     priority: int = 0  # spec.priority: who may preempt whom
+    device_error: str = ""  # why the device record is not trusted ("" if absent or valid)
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
     @property
@@ -168,7 +169,12 @@ def pod_info(obj: JSON) -> PodInfo:
         gpu = demand(obj, resources)
         requests = scalar(_with_init(obj, resources), pods=1)
     except (DemandError, ValueError) as e:
-        resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), str(e)
+        resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), str(e)[:512]
+    except (ArithmeticError, TypeError, AttributeError, RecursionError) as e:
+        # Any field a user wrote can be hostile (Infinity, 1e999999, wrong types): the pod is
+        # kept with its error (filter refuses it, an event reports it), never dropped or raised.
+        resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), f"{type(e).__name__}: {e}"[:512]
+    devices, device_error = _record(annotations.get(DEVICES_ANNOTATION), gpu, bool(spec.get("nodeName")))
     return PodInfo(
         uid=meta.get("uid", ""),
         namespace=meta.get("namespace", ""),
@@ -177,8 +183,9 @@ def pod_info(obj: JSON) -> PodInfo:
         phase=status.get("phase", "Pending"),
         requests=requests,
         demand=gpu,
-        devices=decode_devices(annotations.get(DEVICES_ANNOTATION)),
+        devices=devices,
         error=error,
+        device_error=device_error,
         labels=meta.get("labels") or {},
         annotations=annotations,
         scheduler=spec.get("schedulerName", "default-scheduler"),
@@ -191,6 +198,21 @@ def pod_info(obj: JSON) -> PodInfo:
         priority=_priority(spec.get("priority")),
         obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
     )
+
+
+def _record(text: Any, gpu: GpuDemand, bound: bool) -> tuple[tuple[DeviceAssignment, ...] | None, str]:
+    """The pod's device record, or (None, why it is not trusted): its devices are then
+    inferred as for a pod bound by another scheduler. An unbound pod's record is ignored
+    silently: its bind writes the real one."""
+    if not text:
+        return None, ""
+    try:
+        devices = decode_devices(text if isinstance(text, str) else None)
+        if devices is not None:
+            check_record(devices, gpu)
+    except DeviceRecordError as e:
+        return None, f"{DEVICES_ANNOTATION}: {e}" if bound else ""
+    return devices, ""
 
 
 def _priority(value: Any) -> int:
@@ -254,21 +276,73 @@ def encode_devices(devices: tuple[DeviceAssignment, ...]) -> str:
     return json.dumps(out, separators=(",", ":"))
 
 
-def _device(e: dict[str, Any]) -> DeviceAssignment:
+MAX_RECORD = 16 * 1024  # bytes: a record of 64 devices is ~3 KiB
+MAX_INDEX = 64  # device indexes per node
+MAX_MEMORY_MIB = 2**20  # 1 TiB of memory on one device
+MAX_TFLOPS = 100_000
+
+
+class DeviceRecordError(ValueError):
+    """A `phalanx.io/gpu-devices` record the cache must not trust (it names the problem)."""
+
+
+def _bounded_int(e: dict[str, Any], key: str, low: int, high: int, default: int | None = None) -> int:
+    value = e.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise DeviceRecordError(f"{key} must be an integer in [{low}, {high}], not {value!r}")
+    return value
+
+
+def _device(e: Any) -> DeviceAssignment:
+    if not isinstance(e, dict):
+        raise DeviceRecordError(f"each entry must be an object, not {type(e).__name__}")
+    index = _bounded_int(e, "index", 0, MAX_INDEX - 1)
     if "mig" in e:
-        return DeviceAssignment(int(e["index"]), 0, 0, str(e["mig"]), mig_start=int(e.get("start", -1)))
+        if not isinstance(e["mig"], str) or not e["mig"] or len(e["mig"]) > 32:
+            raise DeviceRecordError(f"mig must be a profile name, not {e['mig']!r}")
+        return DeviceAssignment(index, 0, 0, e["mig"], mig_start=_bounded_int(e, "start", -1, 63, -1))
+    tflops = e.get("tflops", 0)
+    if isinstance(tflops, bool) or not isinstance(tflops, int | float) or not 0 <= tflops <= MAX_TFLOPS:
+        raise DeviceRecordError(f"tflops must be a number in [0, {MAX_TFLOPS}], not {tflops!r}")
     return DeviceAssignment(
-        int(e["index"]),
-        int(e.get("milli", 0)),
-        int(e.get("memoryMiB", 0)),
-        tflops=round(float(e.get("tflops", 0)) * 1000),
+        index,
+        _bounded_int(e, "milli", 0, FULL_SHARE, 0),
+        _bounded_int(e, "memoryMiB", 0, MAX_MEMORY_MIB, 0),
+        tflops=round(float(tflops) * 1000),
     )
 
 
 def decode_devices(text: str | None) -> tuple[DeviceAssignment, ...] | None:
+    """The record as written at bind; None when absent. Raises `DeviceRecordError` for a
+    record that is malformed, out of range, or names one device twice (outside MIG slices)."""
     if not text:
         return None
+    if len(text) > MAX_RECORD:
+        raise DeviceRecordError(f"longer than {MAX_RECORD} bytes")
     try:
-        return tuple(_device(e) for e in json.loads(text))
-    except (ValueError, KeyError, TypeError):
-        return None
+        entries = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise DeviceRecordError(f"not JSON: {e}") from None
+    if not isinstance(entries, list) or len(entries) > MAX_INDEX * 8:
+        raise DeviceRecordError("must be a JSON list of at most 512 entries")
+    devices = tuple(_device(e) for e in entries)
+    whole = [d.index for d in devices if not d.mig_profile]
+    if len(set(whole)) != len(whole):
+        raise DeviceRecordError("names a device twice")
+    return devices
+
+
+def check_record(devices: tuple[DeviceAssignment, ...], gpu: GpuDemand) -> None:
+    """A record must match the pod's own request: a pod holds the devices it asked for and
+    nothing else (a forged record on a CPU pod, or more devices than requested, is refused)."""
+    kind = gpu.kind
+    if kind is GpuKind.NONE:
+        raise DeviceRecordError("the pod requests no GPU")
+    if len(devices) != gpu.count:
+        raise DeviceRecordError(f"{len(devices)} entries for a request of {gpu.count} devices")
+    if kind is GpuKind.MIG and any(d.mig_profile != gpu.mig_profile for d in devices):
+        raise DeviceRecordError(f"entries are not {gpu.mig_profile} slices")
+    if kind is not GpuKind.MIG and any(d.mig_profile for d in devices):
+        raise DeviceRecordError("MIG entries for a request of GPUs")
+    if kind is GpuKind.WHOLE and any(d.milli != FULL_SHARE for d in devices):
+        raise DeviceRecordError("a whole-GPU request with a partial entry")

@@ -22,7 +22,7 @@ import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from extender.errors import BadRequest
+from extender.errors import BadRequest, NotReady
 from extender.metrics import Metrics
 
 log = structlog.get_logger("phalanx.server")
@@ -136,6 +136,9 @@ class Server(ThreadingHTTPServer):
             if not isinstance(args, dict):
                 raise BadRequest(f"{name}: body must be a JSON object")
             return 200, verb(args)
+        except NotReady as e:
+            self.metrics.errors.labels(name, "not-ready").inc()
+            return 503, {"Error": str(e)}
         except BadRequest as e:
             self.metrics.errors.labels(name, "bad-request").inc()
             log.warning("bad request", verb=name, error=str(e))

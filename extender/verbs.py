@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,10 @@ import structlog
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
-from extender.errors import BadRequest
+from extender.eligibility import matches
+from extender.errors import BadRequest, NotReady
 from extender.gangs.manager import GangManager
+from extender.gangs.requests import taints
 from extender.memo import ShapeMemo
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
@@ -49,6 +52,7 @@ log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
+PARSED_PODS = 512  # parsed pods kept: filter and prioritize of one cycle parse once
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +73,10 @@ class Verbs:
         gangs: GangManager | None = None,
         *,
         sharing: Sharing | None = None,
+        synced: Callable[[], bool] = lambda: True,
     ) -> None:
         self.cache = cache
+        self.synced = synced
         self.gangs = gangs
         self.binder = binder
         self.metrics = metrics
@@ -95,6 +101,7 @@ class Verbs:
     def _pod(self, args: dict[str, Any]) -> PodInfo:
         """The request's pod, parsed once per (uid, resourceVersion): filter and prioritize of
         one scheduling cycle carry the same pod."""
+        self._require_sync()
         obj = args.get("Pod")
         if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
             raise BadRequest("missing or malformed field Pod")
@@ -102,10 +109,16 @@ class Verbs:
         key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
         pod = self._parsed.get(key)
         if pod is None:
-            if len(self._parsed) > 4096:
-                self._parsed.clear()
-            pod = self._parsed[key] = pod_info(obj)
+            pod = pod_info(obj)
+            if len(key[0]) <= 64 and len(key[1]) <= 32:  # a real uid and resourceVersion
+                if len(self._parsed) >= PARSED_PODS:
+                    self._parsed.clear()
+                self._parsed[key] = pod
         return pod
+
+    def _require_sync(self) -> None:
+        if not self.synced():
+            raise NotReady("phalanx cache not synced yet (nodes and pods still listing)")
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod, names = self._pod(args), _node_names(args)
@@ -126,12 +139,12 @@ class Verbs:
         memo = self._memo_for(ask)
         with memo.lock:
             memo.sync(self.cache)
-            for name in names:
-                if name not in memo.checked:
-                    self._check(memo, name, ask)
+            # Names the cache does not know are answered, never memoised: a client naming
+            # 100,000 made-up nodes must not grow the memo.
+            unknown = {n: NOT_IN_CACHE for n in names if n not in memo.checked and not self._check(memo, n, ask)}
             failing = memo.failed
-            passed = [n for n in names if n not in failing]
-            failed = {n: failing[n] for n in names if n in failing} if len(passed) < len(names) else {}
+            passed = [n for n in names if n not in failing and n not in unknown]
+            failed = {n: failing.get(n) or unknown[n] for n in names if n in failing or n in unknown}
         return Verdict(Fit.FITS if passed else Fit.UNSCHEDULABLE, passed, failed=failed)
 
     def _ask(self, pod: PodInfo) -> _Ask:
@@ -146,15 +159,17 @@ class Verbs:
         models = self.cache.pool_models(pool)
         return _Ask(PodShape(pod.requests, pod.demand, gpu_models=models), pool, pool.mode)
 
-    def _check(self, memo: ShapeMemo, name: str, ask: _Ask) -> None:
+    def _check(self, memo: ShapeMemo, name: str, ask: _Ask) -> bool:
+        """Check one node into the memo; False (nothing memoised) for a node the cache lacks."""
         node = self.cache.node_model(name)
-        memo.checked.add(name)
         if node is None:
-            memo.failed[name] = NOT_IN_CACHE
-        elif ask.pool is not None and not ask.pool.contains(name, node.labels):
+            return False
+        memo.checked.add(name)
+        if ask.pool is not None and not ask.pool.contains(name, node.labels):
             memo.failed[name] = f"{NOT_IN_POOL} {ask.pool.name}"
         elif not fits(node, ask.shape):
             memo.failed[name] = unfit_reason(node, ask.shape)
+        return True
 
     def _filter_reply(self, verdict: Verdict, names: list[str], pod: PodInfo) -> dict[str, Any]:
         """The verdict as kube-scheduler reads it: failing nodes under the field that says
@@ -203,10 +218,9 @@ class Verbs:
             memo.sync(self.cache)
             known = memo.scores
             for name in names:
-                if name not in known:
-                    node = self.cache.node_model(name)
-                    known[name] = node_score(node, shape, mode) if node is not None else 0
-            scores = [known[n] for n in names]
+                if name not in known and (node := self.cache.node_model(name)) is not None:
+                    known[name] = node_score(node, shape, mode)
+            scores = [known.get(n, 0) for n in names]
         low = min(scores, default=0)
         return [self._host_score(n, s - low) for n, s in zip(names, scores, strict=True) if s > low]
 
@@ -242,11 +256,10 @@ class Verbs:
                 memo.workload_generation = self.sharing.workload_generation
             known = memo.deltas
             for name in names:
-                if name not in known:
-                    node = self.cache.node_model(name)
-                    verdict = placement_delta(node, shape, workload) if node is not None else None
-                    known[name] = verdict.delta if verdict is not None and verdict.fits else math.inf
-            deltas = dict(zip(names, map(known.__getitem__, names), strict=True))
+                if name not in known and (node := self.cache.node_model(name)) is not None:
+                    verdict = placement_delta(node, shape, workload)
+                    known[name] = verdict.delta if verdict.fits else math.inf
+            deltas = {n: known.get(n, math.inf) for n in names}
         if math.inf in deltas.values():  # keep the nodes it fits
             deltas = {n: d for n, d in deltas.items() if d != math.inf}
         if not deltas:
@@ -279,6 +292,7 @@ class Verbs:
     # ------------------------------------------------------------------ bind
 
     def bind(self, args: dict[str, Any]) -> dict[str, Any]:
+        self._require_sync()
         try:
             namespace, name = str(args["PodNamespace"]), str(args["PodName"])
             uid, node = str(args["PodUID"]), str(args["Node"])
@@ -289,6 +303,11 @@ class Verbs:
             return {"Error": f"pod {namespace}/{name} not found"}
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
+        refusal = self._may_bind(pod, node)
+        if refusal:
+            self.metrics.outcomes.labels("bind", "refused").inc()
+            log.warning("bind refused", pod=pod.key, node=node, reason=refusal)
+            return {"Error": refusal}
         gate = self.gangs.permit(pod, node) if self.gangs is not None else None
         if gate:
             self.metrics.outcomes.labels("bind", "gang-wait-failed").inc()
@@ -316,6 +335,27 @@ class Verbs:
             api_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return {"Error": ""}
+
+    def _may_bind(self, pod: PodInfo, node: str) -> str:
+        """Why `pod` may not go to `node` ("" if it may), whoever asks: bind re-checks what
+        filter decided (a caller could name any node), the node rules kube-scheduler's own
+        filters apply included (cordon, selector, required affinity, taints)."""
+        if pod.error:
+            return f"{INVALID_REQUEST}: {pod.error}"
+        model = self.cache.node_model(node)
+        if model is None:
+            return f"{NOT_IN_CACHE}: {node}"
+        if model.unschedulable:
+            return f"node {node} is cordoned"
+        placement = orjson.loads(pod.placement) if pod.placement else {}
+        if not matches(node, model.labels, taints(model.taints), placement):
+            return f"node {node} does not match the pod's node selector, required affinity or tolerations"
+        ask = self._ask(pod)
+        if ask.error:
+            return ask.error
+        if ask.pool is not None and not ask.pool.contains(node, model.labels):
+            return f"{NOT_IN_POOL} {ask.pool.name}"
+        return ""
 
     def _choose_devices(self, pod: PodInfo, node: str) -> tuple[DeviceAssignment, ...] | None:
         """Pick devices and count them on the node at once (the cache's atomic

@@ -342,14 +342,18 @@ class GangManager:
 
     def permit(self, pod: PodInfo, node: str) -> str | None:
         """Wait at the gate; "" when this member may bind now, an error to return otherwise,
-        None when the pod is not a planned gang member (bind it as a single pod)."""
-        key = self.gang_of(pod)
-        if not key:
+        None when the pod is no gang member (bind it as a single pod). A member binds only
+        through its gang's plan, whoever calls bind."""
+        resolved = self._resolve(pod)
+        if resolved is None:
             return None
+        key, res = resolved
+        if res.spec is None:
+            return f"{res.reason}: a gang member binds only with its gang"
         with self.lock:
             state = self.gangs.get(key)
             if state is None or pod.uid not in state.plan:
-                return None if state is None or state.spec is None or not state.spec.enabled else NO_RESERVATION
+                return NO_RESERVATION
             if state.plan[pod.uid].node != node:
                 return f"member planned on {state.plan[pod.uid].node}, not {node}"
             epoch = state.released

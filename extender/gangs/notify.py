@@ -11,13 +11,13 @@ from __future__ import annotations
 import datetime as dt
 import queue
 import threading
+import time
 from typing import Any
 
 import structlog
 
 from extender.binder import Binder
 from extender.gangs.sources import NATIVE_POD_GROUP, WORKLOAD, GangSpec
-from extender.kube import ApiError
 
 log = structlog.get_logger("phalanx.gangs.notify")
 
@@ -42,8 +42,31 @@ class Notifier:
         ]
         for t in self.nudgers:
             t.start()
+        self.reports: queue.Queue[tuple[dict[str, Any], str, str]] = queue.Queue(maxsize=10_000)
+        self._reported: dict[tuple[str, str], None] = {}  # (uid, message) already reported, oldest first
         self.thread = threading.Thread(target=self._run, name="gang-notify", daemon=True)
         self.thread.start()
+        self.reporter = threading.Thread(target=self._report_loop, name="object-reports", daemon=True)
+        self.reporter.start()
+
+    def alive(self) -> list[str]:
+        """The names of the writer threads that are not running (none, unless a bug killed one:
+        their loops catch every exception)."""
+        return [t.name for t in (self.thread, self.reporter, *self.nudgers) if not t.is_alive()]
+
+    def report(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """A Warning Event on `obj` (a Kubernetes object or a reference with kind, apiVersion
+        and metadata), once per (uid, message). Safe to call under any lock: it only queues."""
+        key = ((obj.get("metadata") or {}).get("uid", "") or str((obj.get("metadata") or {}).get("name")), message)
+        if key in self._reported:
+            return
+        self._reported[key] = None
+        if len(self._reported) > 50_000:
+            self._reported.pop(next(iter(self._reported)))
+        try:
+            self.reports.put_nowait((obj, reason, message))
+        except queue.Full:
+            log.warning("report dropped: queue full", reason=reason)
 
     def __call__(self, spec: GangSpec, reason: str, message: str, kind: str) -> None:
         try:
@@ -57,7 +80,11 @@ class Notifier:
         except queue.Full:
             log.warning("gang member nudge dropped: queue full", pod=f"{namespace}/{name}")
 
+    # Every loop below survives any exception (an API server outage raises urllib3's errors,
+    # not only OSError): it logs, backs off while failures repeat, and goes on.
+
     def _nudge_loop(self) -> None:
+        failures = 0
         while True:
             namespace, name, value = self.nudges.get()
             patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
@@ -68,17 +95,30 @@ class Notifier:
                     body=patch,
                     content_type="application/merge-patch+json",
                 )
-            except OSError as e:
-                log.warning("could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
+                failures = 0
+            except Exception as e:
+                failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
 
     def _run(self) -> None:
+        failures = 0
         while True:
             spec, reason, message, kind = self.queue.get()
             try:
                 self.binder.event(spec.owner, reason=f"Gang{reason}", message=message, kind=kind)
                 self._status(spec, reason, message)
-            except (ApiError, OSError) as e:
-                log.warning("gang status update failed", gang=spec.key, error=str(e))
+                failures = 0
+            except Exception as e:
+                failures = _backoff(failures, "gang status update failed", gang=spec.key, error=str(e))
+
+    def _report_loop(self) -> None:
+        failures = 0
+        while True:
+            obj, reason, message = self.reports.get()
+            try:
+                self.binder.event(obj, reason=reason, message=message, kind="Warning")
+                failures = 0
+            except Exception as e:
+                failures = _backoff(failures, "report failed", reason=reason, error=str(e))
 
     def _status(self, spec: GangSpec, reason: str, message: str) -> None:
         meta = spec.owner["metadata"]
@@ -104,3 +144,10 @@ class Notifier:
             self.binder.kube.request(
                 "PATCH", path, body={"status": {"conditions": [condition]}}, content_type="application/merge-patch+json"
             )
+
+
+def _backoff(failures: int, message: str, **fields: Any) -> int:
+    """Log a failed write and sleep a little longer each time failures repeat (at most 5 s)."""
+    log.warning(message, **fields)
+    time.sleep(min(5.0, 0.05 * 2**failures))
+    return min(failures + 1, 10)

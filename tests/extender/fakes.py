@@ -158,6 +158,7 @@ def extender_on(nodes: list[JSON], pods: list[JSON]) -> Any:
     for p in pods:
         kube.pods[f"{p['metadata'].get('namespace', 'default')}/{p['metadata']['name']}"] = p
     extender.cache.replace_pods(pods)
+    mark_listed(extender)
     extender.sharing.refresh()
     return extender
 
@@ -181,3 +182,9 @@ def bind_devices(extender: Any, name: str, node_name: str) -> list[dict[str, Any
         kube.pods[f"default/{name}"]["metadata"]["annotations"][DEVICES_ANNOTATION]
     )
     return entries
+
+
+def mark_listed(extender: Any) -> None:
+    """As if the node and pod watches had listed (the verbs refuse to answer before)."""
+    for r in extender.reflectors:
+        r.listed.set()

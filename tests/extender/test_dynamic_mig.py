@@ -9,7 +9,7 @@ from extender.app import Extender, Options
 from extender.cache import Cache
 from extender.objects import DEVICES_ANNOTATION
 from solver.mig import MigSlot
-from tests.extender.fakes import FakeKube, node, pod
+from tests.extender.fakes import FakeKube, mark_listed, node, pod
 
 DYNAMIC = {"phalanx.io/mig-mode": "dynamic"}
 LEVELS = ("kubernetes.io/hostname",)
@@ -24,6 +24,7 @@ def test_bind_writes_the_cut_and_the_cache_counts_it() -> None:
     for obj in objs:
         kube.pods[f"default/{obj['metadata']['name']}"] = obj
     ext.cache.replace_pods(objs)
+    mark_listed(ext)
     replies = [
         ext.verbs.bind({"PodNamespace": "default", "PodName": f"m{i}", "PodUID": f"uid-m{i}", "Node": "h0"})
         for i in range(3)

@@ -21,7 +21,7 @@ from extender.objects import DEVICES_ANNOTATION, decode_devices
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Hardware
 from solver import NodeState
 from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
-from tests.extender.fakes import FakeKube, node, pod
+from tests.extender.fakes import FakeKube, mark_listed, node, pod
 from tests.extender.test_server import call
 
 CONFIG = """
@@ -53,6 +53,7 @@ def ext() -> Iterator[Extender]:
         ]
     )
     extender.cache.replace_pods([])
+    mark_listed(extender)
     for r in extender.reflectors:
         r.listed.set()
     thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)

@@ -13,7 +13,7 @@ from benchmarks import ri_samples
 from extender.app import Extender, Options
 from extender.ri.model import GVK
 from extender.workload_types import KEY_PREFIX
-from tests.extender.fakes import FakeKube
+from tests.extender.fakes import FakeKube, mark_listed
 
 JOBSET = GVK("jobset.x-k8s.io", "v1alpha2", "JobSet")
 JOB = GVK("batch", "v1", "Job")
@@ -23,6 +23,7 @@ JOB = GVK("batch", "v1", "Job")
 def ext() -> Iterator[Extender]:
     extender = Extender(FakeKube(), Options(port=0))
     extender.server.server_close()  # in-process only
+    mark_listed(extender)
     yield extender
 
 
