@@ -64,16 +64,8 @@ from extender.metrics import Metrics
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from extender.pools import Hardware
 from extender.verbs import Verbs
-from solver.frag import (
-    ClassTable,
-    Demand,
-    Policy,
-    WorkloadClass,
-    candidate_deltas,
-    fgd_score,
-    take_devices,
-    workload_classes,
-)
+from solver.frag import Demand, Policy, WorkloadClass, workload_classes
+from solver.frag_arrays import ClassTable, candidate_deltas, fgd_score, take_devices
 from solver.model import FULL_SHARE, DeviceAssignment
 from solver.packing import Packer, PackingPlan
 

@@ -14,6 +14,8 @@ plan is optimal and needs no search (`plan()` says "proven by bound").
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from solver.greedy import place_gang
 from solver.ledger import Ledger
 from solver.placement import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
@@ -61,16 +63,25 @@ def nodes_under(topo: TopologyIndex, roots: list[int]) -> list[int]:
     return [n for u in domains_at(topo, roots, topo.above - 1 if topo.above else 0) for n in topo.unit_nodes(u)]
 
 
-def scope_floors(topo: TopologyIndex, gp: GangProblem) -> list[tuple[list[int], dict[int, int] | None]]:
+@dataclass(frozen=True, slots=True)
+class ScopeFloor:
+    """The fewest domains per counted level (`least`: level -> count) that hold a gang's quorum
+    inside one scope (`roots`); `least` is None when the scope cannot hold it at all."""
+
+    roots: list[int]
+    least: dict[int, int] | None
+
+
+def scope_floors(topo: TopologyIndex, gp: GangProblem) -> list[ScopeFloor]:
     """Per scope, the fewest domains of each counted level that hold the gang's quorum
-    (largest capacities first); None for a scope that cannot hold it at all."""
+    (largest capacities first)."""
     need = gp.request.quorum
     node_caps: dict[int, int] = {}
     for group in gp.groups:
         for n, c in group.node_caps.items():
             node_caps[n] = node_caps.get(n, 0) + c
     totals = domain_caps(topo, gp, node_caps)
-    out: list[tuple[list[int], dict[int, int] | None]] = []
+    out: list[ScopeFloor] = []
     for roots in scopes(topo, gp):
         here: dict[int, int] = {}
         for level in gp.counted_levels:
@@ -82,13 +93,13 @@ def scope_floors(topo: TopologyIndex, gp: GangProblem) -> list[tuple[list[int], 
             if least is None:
                 break
             here[level] = least
-        out.append((roots, here if len(here) == len(gp.counted_levels) else None))
+        out.append(ScopeFloor(roots, here if len(here) == len(gp.counted_levels) else None))
     return out
 
 
 def floors(topo: TopologyIndex, gp: GangProblem) -> dict[int, int] | None:
     """Per counted level, the fewest domains any placement of the gang can use."""
-    feasible = [f for _, f in scope_floors(topo, gp) if f is not None]
+    feasible = [f.least for f in scope_floors(topo, gp) if f.least is not None]
     if not feasible:
         return None
     return {lv: min(f[lv] for f in feasible) for lv in gp.counted_levels}

@@ -189,14 +189,12 @@ class PodShape:
 
     `allowed_nodes` is the eligibility the extender resolved (selector, required affinity,
     taints and tolerations); None means every node. `gpu_models` restricts devices by model.
-    `node_scores` are preferences 0..10 (preferred affinity, node-pool order).
     """
 
     requests: Resources = Resources(pods=1)
     gpu: GpuDemand = GpuDemand()
     allowed_nodes: frozenset[NodeName] | None = None
     gpu_models: frozenset[str] | None = None
-    node_scores: Mapping[NodeName, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,18 @@ def _best_pattern(sizes: Sequence[int], duals: dict[int, float]) -> tuple[float,
 # ------------------------------------------------------------------------------ the packer
 
 
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What the devices awaiting pods on one node expect those pods to need."""
+
+    cpu: float  # milli
+    memory: float  # MiB
+    devices: int  # devices on the node that await pods
+
+
+_NONE_RESERVED = Reservation(0.0, 0.0, 0)
+
+
 @dataclass
 class Packer:
     """Online pattern following over a plan: devices awaiting sizes, and node reservations.
@@ -158,7 +170,7 @@ class Packer:
     headroom: float = HEADROOM
     _awaiting: dict[tuple[Hashable, int], Counter[int]] = field(default_factory=dict)
     _by_size: dict[int, set[tuple[Hashable, int]]] = field(default_factory=dict)
-    _reserved: dict[Hashable, list[float]] = field(default_factory=dict)  # node -> [cpu, memory, devices]
+    _reserved: dict[Hashable, Reservation] = field(default_factory=dict)  # only nodes with awaiting devices
     _opened: Counter[Pattern] = field(default_factory=Counter)
     _pods: int = 0  # share pods of planned sizes placed
 
@@ -177,11 +189,12 @@ class Packer:
 
     def reserved(self, node: Hashable) -> tuple[float, float]:
         """CPU (milli) and memory (MiB) the devices awaiting pods on `node` expect to need."""
-        cpu, mem, _ = self._reserved.get(node, (0.0, 0.0, 0.0))
-        return cpu, mem
+        held = self._reserved.get(node, _NONE_RESERVED)
+        return held.cpu, held.memory
 
     def reservations(self) -> Iterable[tuple[Hashable, float, float]]:
-        return ((node, cpu, mem) for node, (cpu, mem, _) in self._reserved.items())
+        """(node, CPU, memory) for every node where devices await pods."""
+        return ((node, held.cpu, held.memory) for node, held in self._reserved.items())
 
     def pattern_for(self, size: int) -> Pattern | None:
         """The pattern a fresh device opened by a pod of `size` should follow: of those that
@@ -248,20 +261,25 @@ class Packer:
     def _set(self, key: tuple[Hashable, int], want: Counter[int]) -> None:
         old = self._awaiting.pop(key, None)
         if old:
-            self._reserve(key[0], old, -1.0)
+            self._reserve(key[0], old, -1)
             for s in old:
                 self._by_size[s].discard(key)
         want = +want
         if want:
             self._awaiting[key] = want
-            self._reserve(key[0], want, 1.0)
+            self._reserve(key[0], want, 1)
             for s in want:
                 self._by_size.setdefault(s, set()).add(key)
 
-    def _reserve(self, node: Hashable, want: Counter[int], sign: float) -> None:
-        acc = self._reserved.setdefault(node, [0.0, 0.0, 0.0])
-        acc[0] += sign * sum(self.plan.cpu[s] * n for s, n in want.items())
-        acc[1] += sign * sum(self.plan.memory[s] * n for s, n in want.items())
-        acc[2] += sign
-        if acc[2] <= 0:
-            del self._reserved[node]
+    def _reserve(self, node: Hashable, want: Counter[int], sign: int) -> None:
+        """Add (sign 1) or remove (sign -1) one awaiting device's expected demand on `node`."""
+        held = self._reserved.get(node, _NONE_RESERVED)
+        after = Reservation(
+            held.cpu + sign * sum(self.plan.cpu[s] * n for s, n in want.items()),
+            held.memory + sign * sum(self.plan.memory[s] * n for s, n in want.items()),
+            held.devices + sign,
+        )
+        if after.devices <= 0:
+            self._reserved.pop(node, None)
+        else:
+            self._reserved[node] = after

@@ -189,21 +189,13 @@ def _result(
             objective += compactness(problem.topo, gp, members)
             gangs.append(GangPlan(gp.request.name, Outcome.PLACED, assignments, domains_used=used))
         else:
-            reason = explain(problem.topo, gp)
-            gangs.append(GangPlan(gp.request.name, _outcome(reason), explanation=reason))
+            why = explain(problem.topo, gp)
+            gangs.append(GangPlan(gp.request.name, why.outcome, explanation=why.message))
     if not placed:
         status = SolveStatus.INFEASIBLE
     # Without a search bound, only a plan proven by its floors has one: its own objective.
     final_bound = bound if bound is not None else (objective if status is SolveStatus.OPTIMAL else 0)
     return PlanResult(status, tuple(gangs), objective, final_bound, time.perf_counter() - started, tuple(notes))
-
-
-def _outcome(reason: str) -> Outcome:
-    from solver.explain import NO_ELIGIBLE_NODE, SLICE_MISMATCH
-
-    if reason.startswith((NO_ELIGIBLE_NODE, SLICE_MISMATCH)):
-        return Outcome.UNRESOLVABLE
-    return Outcome.UNSCHEDULABLE
 
 
 def _ranked(problem: Problem, k: int, members: list[Member]) -> tuple[Assignment, ...]:

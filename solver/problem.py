@@ -111,22 +111,3 @@ def _counted_levels(required: str, preferred: str, any_topology: bool, topo: Top
     else:
         start = topo.host_level
     return list(range(min(start, topo.host_level), topo.host_level + 1))
-
-
-def host_lines(caps: list[int]) -> list[tuple[int, int, int]]:
-    """Lines (c, a, s) such that hosts h needed for y pods satisfy c*h >= y - s + c*a for every
-    line: with caps sorted descending, one line per distinct cap value c, where a is the number
-    of nodes with a larger cap and s their total. Exact: the least h meeting all lines is the
-    least number of nodes whose capacities sum to y (take the largest first)."""
-    lines = []
-    ordered = sorted(caps, reverse=True)
-    a = s = 0
-    i = 0
-    while i < len(ordered):
-        c = ordered[i]
-        lines.append((c, a, s))
-        while i < len(ordered) and ordered[i] == c:
-            a += 1
-            s += c
-            i += 1
-    return lines

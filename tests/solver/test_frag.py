@@ -12,18 +12,15 @@ import pytest
 
 from benchmarks import trace_replay
 from solver.frag import (
-    ClassTable,
     Demand,
     Policy,
     WorkloadClass,
-    candidate_deltas,
-    fgd_score,
-    fragmentation,
     node_fragmentation,
     placement_delta,
     workload_classes,
     workload_drift,
 )
+from solver.frag_arrays import ClassTable, candidate_deltas, fgd_score, fragmentation
 from solver.model import GpuDemand, GpuDevice, MigSlice, Node, NodeName, PodShape, Resources
 
 MODEL = "A100"
