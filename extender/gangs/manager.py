@@ -49,13 +49,15 @@ from extender.gangs.ri_source import RISource
 from extender.gangs.sources import GangObjects, GangSpec, Resolution, resolve
 from extender.objects import PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
-from solver import ClusterSnapshot, DeviceAssignment, GangPlan, Outcome, SolverParams
+from solver import ClusterSnapshot, DeviceAssignment, GangPlan, GangRequest, Outcome, PlanResult, SolverParams
 
 log = structlog.get_logger("phalanx.gangs")
 
 WAITING_QUORUM = "waiting for gang quorum"
 GANG_TIMEOUT = "gang timed out at bind"
 NO_RESERVATION = "no reservation for this member"
+INVALID_GANG = "invalid gang request"
+MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
 
@@ -154,6 +156,13 @@ class GangManager:
                 return Verdict.fits([reservation.node])
             if reservation is not None:
                 self._release(state, "planned node is no longer a candidate")
+            if spec.declared and spec.min_count > spec.declared:
+                reason = f"{MIN_ABOVE_COUNT}: minCount {spec.min_count}, {spec.declared} members"
+                if state.reason != reason:
+                    state.reason = reason
+                    self.notify(spec, "Invalid", reason, "Warning")
+                state.parked.add(pod.uid)
+                return Verdict.unresolvable(reason)
             pods = self.membership.member_pods(key)
             if len(pods) < spec.min_count:  # no eviction helps: the members do not exist yet
                 state.reason = f"{WAITING_QUORUM} {len(pods)}/{spec.min_count}"
@@ -197,18 +206,63 @@ class GangManager:
                 ]
                 epochs = [self.gangs[e.key].released for e in entries]
             started = time.perf_counter()
-            result = solver.plan(snapshot, asks, params=self.params())
+            result, invalid = self._solve(snapshot, asks)
             elapsed_ms = (time.perf_counter() - started) * 1000
             with self.lock:
-                for entry, epoch, gang in zip(entries, epochs, result.gangs, strict=True):
+                for entry, epoch, ask in zip(entries, epochs, asks, strict=True):
+                    state = self.gangs.get(entry.key)
+                    if state is not None and state.released == epoch and ask.name in invalid:
+                        self._invalid(state, entry.spec, invalid[ask.name])
+                for entry, epoch, gang in zip(
+                    [e for e, a in zip(entries, asks, strict=True) if a.name not in invalid],
+                    [ep for ep, a in zip(epochs, asks, strict=True) if a.name not in invalid],
+                    result.gangs if result is not None else (),
+                    strict=True,
+                ):
                     state = self.gangs.get(entry.key)
                     if state is None or state.released != epoch:
                         continue  # released while solving: its next filter plans it again
                     state.solve_ms = elapsed_ms
                     if gang.outcome is Outcome.PLACED:
+                        assert result is not None
                         self._reserve(state, entry, gang, snapshot, result.status.value)
                     else:
                         self._not_placed(state, entry, gang, snapshot.generation)
+
+    def _solve(self, snapshot: ClusterSnapshot, asks: list[GangRequest]) -> tuple[PlanResult | None, dict[str, str]]:
+        """The joint solve; a request the solver rejects (an unknown topology level, a slice
+        it cannot honour) is found by solving each alone, gets its own error, and the others
+        are solved together without it. (plans of the valid gangs, in order; name -> error)."""
+        params = self.params()
+        try:
+            return solver.plan(snapshot, asks, params=params), {}
+        except (ValueError, KeyError, IndexError) as e:
+            if len(asks) == 1:
+                return None, {asks[0].name: f"{type(e).__name__}: {e}"}
+        invalid: dict[str, str] = {}
+        for ask in asks:
+            try:
+                solver.plan(snapshot, [ask], params=params)
+            except (ValueError, KeyError, IndexError) as e:
+                invalid[ask.name] = f"{type(e).__name__}: {e}"
+        valid = [a for a in asks if a.name not in invalid]
+        if not valid:
+            return None, invalid
+        try:
+            return solver.plan(snapshot, valid, params=params), invalid
+        except (ValueError, KeyError, IndexError) as e:  # only together: fail them all, plainly
+            return None, {a.name: f"{type(e).__name__}: {e}" for a in asks}
+
+    def _invalid(self, state: GangState, spec: GangSpec, error: str) -> None:
+        """A gang the solver cannot take as requested: its own error, status and event."""
+        reason = f"{INVALID_GANG}: {error}"[:1024]
+        state.outcome = Fit.UNRESOLVABLE
+        state.failed_attempt = (self.cache.generation, -1)  # until the cluster or its definition changes
+        if state.reason != reason:
+            state.reason = reason
+            state.phase = GangPhase.PENDING
+            self.notify(spec, "Invalid", reason, "Warning")
+            log.warning("gang request rejected by the solver", gang=state.key, error=error)
 
     def _entries(self, trigger: GangState, most: int = 8) -> list[Entry]:
         """The trigger gang (if it still needs a plan), then up to `most` other gangs with

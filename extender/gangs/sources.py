@@ -54,6 +54,7 @@ class GangSpec:
     topology: TopologyRequest
     priority: int = 0
     enabled: bool = True  # gangMode Off: members are scheduled as single pods
+    declared: int = 0  # members the definition declares (0: it does not say)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +98,21 @@ def _ns_name(obj: JSON) -> str:
 def resolve(
     objects: GangObjects, namespace: str, labels: dict[str, str], annotations: dict[str, str], scheduling_group: str
 ) -> Resolution | None:
-    """The gang of a pod, or None when the pod belongs to no gang."""
-    if WORKLOAD_LABEL in labels:
-        res = _workload(objects, namespace, labels)
-    elif scheduling_group:
-        res = _native(objects, namespace, scheduling_group)
-    elif COSCHEDULING_LABEL in labels:
-        res = _coscheduling(objects, namespace, labels[COSCHEDULING_LABEL])
-    else:
-        return None
+    """The gang of a pod, or None when the pod belongs to no gang. A definition with a field
+    that cannot be read (a count that is no integer, a list where an object belongs) is the
+    gang's reason to wait, naming the object and the error; never an exception."""
+    try:
+        if WORKLOAD_LABEL in labels:
+            res = _workload(objects, namespace, labels)
+        elif scheduling_group:
+            res = _native(objects, namespace, scheduling_group)
+        elif COSCHEDULING_LABEL in labels:
+            res = _coscheduling(objects, namespace, labels[COSCHEDULING_LABEL])
+        else:
+            return None
+    except (ValueError, TypeError, AttributeError, OverflowError) as e:
+        key = gang_key(namespace, labels, scheduling_group)
+        return Resolution(key, None, f"invalid gang definition for {key}: {type(e).__name__}: {e}"[:512])
     if res.spec is not None and not res.spec.topology.any:
         kai = kai_topology(annotations)
         if kai.any:
@@ -163,6 +170,7 @@ def _workload(objects: GangObjects, namespace: str, labels: dict[str, str]) -> R
             owner=_owner(obj, "phalanx.io/v1alpha1", "Workload"),
             min_count=min_count,
             count=max(count, min_count),
+            declared=count,
             timeout_s=int(group.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
             topology=_topology(group.get("topologyRequest") or {}),
             priority=int(group.get("priority") or 0),

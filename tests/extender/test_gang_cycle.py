@@ -166,3 +166,34 @@ def test_the_wire_carries_unresolvable_reasons_and_preempt_offers_no_victims() -
     assert ext.verbs.preempt({"Pod": lone, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": {}}
     single = pod("single", gpus=8)
     assert ext.verbs.preempt({"Pod": single, "NodeNameToMetaVictims": victims}) == {"NodeNameToMetaVictims": victims}
+
+
+def test_a_gang_the_solver_rejects_gets_its_own_error_and_the_others_are_planned() -> None:
+    """One Workload with an unknown topology level must not stop every other gang's solve."""
+    mgr, cache, rec = manager_with(
+        8, workload("bad", 2, topologyRequest={"required": "no-such-level"}), workload("good", 2)
+    )
+    bad = add(cache, member("x0", "bad"), member("x1", "bad"))
+    good = add(cache, member("g0", "good"), member("g1", "good"))
+    names = [f"n{i}" for i in range(8)]
+    mgr.gangs.setdefault("wl:default/good", manager_module.GangState("wl:default/good"))
+    answer = mgr.filter(bad[0], names)  # the joint solve takes "good" along
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang request" in answer.message
+    assert any(reason == "Invalid" for reason, _ in rec.events)
+    answer = mgr.filter(good[0], names)
+    assert answer is not None and answer.outcome is Fit.FITS
+
+
+def test_min_count_above_the_declared_members_says_so() -> None:
+    mgr, cache, rec = manager_with(4, workload("odd", 2, min_count=3))
+    pods = add(cache, member("o0", "odd"), member("o1", "odd"))
+    answer = mgr.filter(pods[0], ["n0"])
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "minCount exceeds" in answer.message
+    assert ("Invalid", answer.message) in rec.events
+
+
+def test_a_definition_with_an_unreadable_field_is_a_reason_not_a_500() -> None:
+    mgr, cache, _ = manager_with(4, workload("junk", 2, min_count="many"))  # type: ignore[arg-type]
+    pods = add(cache, member("j0", "junk"), member("j1", "junk"))
+    answer = mgr.filter(pods[0], ["n0"])
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang definition" in answer.message
