@@ -474,6 +474,7 @@ class GangManager:
     def sweep(self) -> None:
         """Release reservations past their deadline even if no member comes back to ask, and
         those of gangs that lost a planned member (deleted: the gate could never close)."""
+        self.membership.settle()
         with self.lock:
             for state in list(self.gangs.values()):
                 self._expire(state)

@@ -2,7 +2,9 @@
 
 Kept current by a cache listener (called under the cache's lock, so it takes only its own
 leaf lock). A pod's gang key comes from its labels (Workload, PodGroup, other schedulers'
-labels) or, for pods owned by a workload CRD, from a Resource Interface.
+labels), computed at once, or, for pods owned by a workload CRD, from a Resource Interface:
+user-supplied jq, never run under the cache's lock. Such pods wait in `_unkeyed` and are keyed
+(`settle`) with no lock held, before any read of the index and on the periodic sweep.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Membership:
         self._lock = threading.Lock()
         self._members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
         self._key_of: dict[str, str] = {}  # pod uid -> gang key it is counted under
+        self._unkeyed: dict[str, PodInfo] = {}  # owned pods whose Resource Interface key is due
         if ri is not None:
             ri.on_rekey = self.rekey
         cache.on_pod_change(self._pod_changed)
@@ -36,16 +39,40 @@ class Membership:
         either = new if new is not None else old
         if either is None:
             return
-        key = self.key(new) if new is not None and new.active else ""
+        active = new is not None and new.active
+        key = gang_key(new.namespace, new.labels, new.scheduling_group) if new is not None and active else ""
+        deferred = new is not None and active and not key and self.ri is not None and bool(new.owners)
         with self._lock:
-            previous = self._key_of.pop(either.uid, "")
-            if previous:
-                self._members[previous].discard(either.uid)
-                if not self._members[previous]:
-                    del self._members[previous]
-            if key:
-                self._members[key].add(either.uid)
-                self._key_of[either.uid] = key
+            self._unkeyed.pop(either.uid, None)
+            self._index(either.uid, key)
+            if deferred:
+                assert new is not None
+                self._unkeyed[either.uid] = new
+
+    def _index(self, uid: str, key: str) -> None:
+        """Count `uid` under `key` ("" : under none). Under `_lock`."""
+        previous = self._key_of.pop(uid, "")
+        if previous:
+            self._members[previous].discard(uid)
+            if not self._members[previous]:
+                del self._members[previous]
+        if key:
+            self._members[key].add(uid)
+            self._key_of[uid] = key
+
+    def settle(self) -> None:
+        """Key the owned pods that changed since the last call (Resource Interface jq), with no
+        lock held while jq runs; a pod that changed again meanwhile waits for the next call."""
+        if not self._unkeyed or self.ri is None:
+            return
+        with self._lock:
+            batch = dict(self._unkeyed)
+        keys = {uid: self.ri.key(pod) for uid, pod in batch.items()}
+        with self._lock:
+            for uid, pod in batch.items():
+                if self._unkeyed.get(uid) is pod:
+                    del self._unkeyed[uid]
+                    self._index(uid, keys[uid])
 
     def key(self, pod: PodInfo) -> str:
         """The pod's gang key from its own fields ("" for a pod of no gang)."""
@@ -55,6 +82,7 @@ class Membership:
         return key
 
     def gang_of(self, pod: PodInfo) -> str:
+        self.settle()
         with self._lock:
             known = self._key_of.get(pod.uid)
         return known if known is not None else self.key(pod)
@@ -64,21 +92,25 @@ class Membership:
         pods = self.cache.pods(uids)
         for pod in pods:
             self._pod_changed(pod, pod)
+        self.settle()
         for pod in pods:
             if not pod.node:
                 self.nudge(pod.namespace, pod.name, f"owner:{time.time():.0f}")
 
     def member_pods(self, key: str) -> list[PodInfo]:
         """The gang's active members, oldest first."""
+        self.settle()
         with self._lock:
             uids = list(self._members.get(key, ()))
         return sorted((p for p in self.cache.pods(uids) if p.active), key=lambda p: (p.created, p.name))
 
     def gang_keys(self) -> set[str]:
         """Every gang key with a member."""
+        self.settle()
         with self._lock:
             return set(self._members)
 
     def has_members(self, key: str) -> bool:
+        self.settle()
         with self._lock:
             return bool(self._members.get(key))

@@ -106,7 +106,8 @@ class RISource:
     # ------------------------------------------------------------------ keys
 
     def key(self, pod: PodInfo) -> str:
-        """The pod's gang key ("" when no RI gang takes it). Cheap: safe under the cache lock."""
+        """The pod's gang key ("" when no RI gang takes it). Runs the definition's jq: never
+        call it under the cache's lock (gangs/membership.py keys owned pods outside it)."""
         if not pod.owners:
             return ""
         found = self._walk(pod)

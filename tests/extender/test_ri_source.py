@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import yaml
@@ -25,6 +26,12 @@ def ext() -> Iterator[Extender]:
     extender.server.server_close()  # in-process only
     mark_listed(extender)
     yield extender
+
+
+def keyed(ext: Extender) -> dict[str, str]:
+    """Pod uid -> gang key, once the owned pods have been keyed (outside the cache's lock)."""
+    ext.gangs.membership.settle()
+    return ext.gangs.membership._key_of
 
 
 def jobset_objects() -> tuple[dict, dict, dict]:  # type: ignore[type-arg]
@@ -59,7 +66,7 @@ def test_a_pod_finds_its_jobset_through_its_job(ext: Extender) -> None:
     ext._ri_event(JOB, "ADDED", job)
     ext.cache.pod_event("ADDED", pod)
     uid = pod["metadata"]["uid"]
-    assert ext.gangs.membership._key_of[uid] == f"ri:{cr['metadata']['namespace']}/llm/jobset/llm"
+    assert keyed(ext)[uid] == f"ri:{cr['metadata']['namespace']}/llm/jobset/llm"
 
 
 def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ext: Extender) -> None:
@@ -68,12 +75,12 @@ def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ex
     ext._ri_event(JOBSET, "ADDED", cr)
     ext.cache.pod_event("ADDED", pod)
     uid = pod["metadata"]["uid"]
-    assert ext.gangs.membership._key_of[uid].startswith("ri-wait:")
+    assert keyed(ext)[uid].startswith("ri-wait:")
     info = ext.cache.pod(uid)
     answer = ext.gangs.filter(info, ["n0"])
     assert answer is not None and answer.passed == [] and "waiting for owner" in answer.message
     ext._ri_event(JOB, "ADDED", job)
-    assert ext.gangs.membership._key_of[uid].startswith("ri:")
+    assert keyed(ext)[uid].startswith("ri:")
 
 
 def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Extender) -> None:
@@ -82,7 +89,7 @@ def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Exten
         {"apiVersion": "v1", "kind": "ReplicationController", "name": "x", "uid": "rc"}
     ]
     ext.cache.pod_event("ADDED", pod)
-    assert pod["metadata"]["uid"] not in ext.gangs.membership._key_of
+    assert pod["metadata"]["uid"] not in keyed(ext)
 
 
 WIDGET = {
@@ -137,3 +144,22 @@ def test_the_api_rejects_invalid_bodies_with_every_violation_and_unknown_names(e
     assert ext.workload_types.api("DELETE", "/Gadget", b"")[0] == 404
     status, body = ext.workload_types.api("GET", "", b"")
     assert status == 200 and {"PyTorchJob", "JobSet", "LeaderWorkerSet"} <= {t["name"] for t in body["workloadTypes"]}
+
+
+def test_resource_interface_jq_never_runs_under_the_cache_lock(ext: Extender) -> None:
+    """User-supplied jq may be slow: keying owned pods must not stall the cache (and so every
+    verb) while it runs."""
+    cr, job, pod = jobset_objects()
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext._ri_event(JOB, "ADDED", job)
+    held: list[bool] = []
+    real = ext.ri.key
+
+    def key(info: Any) -> str:
+        held.append(ext.cache._lock._is_owned())  # type: ignore[attr-defined]
+        return real(info)
+
+    ext.ri.key = key  # type: ignore[method-assign]
+    ext.cache.pod_event("ADDED", pod)
+    assert keyed(ext)[pod["metadata"]["uid"]].startswith("ri:")
+    assert held and not any(held)
