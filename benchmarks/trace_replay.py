@@ -370,7 +370,7 @@ def extender_chooser(cluster: Cluster) -> Chooser:
         binder.pods[name] = obj
         cache.pod_event("ADDED", obj)
         if n % REFRESH_EVERY == 1:
-            verbs.refresh_workload()
+            verbs.sharing.refresh()
         names = [cluster.names[i] for i in rows]  # rows: what kube-scheduler's own filters pass
         passed = verbs.filter({"Pod": obj, "NodeNames": names})["NodeNames"]
         reply = orjson.loads(orjson.dumps(verbs.prioritize({"Pod": obj, "NodeNames": passed})))

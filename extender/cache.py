@@ -148,8 +148,8 @@ class Cache:
                 self._set_raw_node(obj)
 
     def replace_pods(self, items: Iterable[JSON]) -> None:
+        fresh = {p.uid: p for p in map(pod_info, items)}  # parsed outside the lock
         with self._lock:
-            fresh = {p.uid: p for p in map(pod_info, items)}
             for uid in set(self._pods) - set(fresh):
                 self._drop_pod(uid)
             for pod in fresh.values():
