@@ -7,10 +7,12 @@ it concerns; the last good configuration stays active.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from solver import PlacementMode, SolverParams
 
@@ -22,9 +24,18 @@ CONFIGMAP_KEY = "config.yaml"
 PlacementName = Literal["CompactFirst", "LowLoadFirst"]
 QosName = Literal["low", "medium", "high", "critical"]
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+# CP-SAT's random_seed is an int32 (a larger one makes every solve raise).
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# Kubernetes label syntax (apimachinery validation.IsQualifiedName / IsValidLabelValue).
+_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_LABEL_NAME = re.compile(rf"^{_NAME}$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    # allow_inf_nan=False: an `.inf` or `.nan` in YAML is never a usable number here.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True, allow_inf_nan=False)
 
 
 def _distinct(values: tuple[str, ...], what: str) -> None:
@@ -32,19 +43,52 @@ def _distinct(values: tuple[str, ...], what: str) -> None:
         raise ValueError(f"{what} must be distinct, got {list(values)}")
 
 
+def label_key_problem(key: str) -> str | None:
+    """Why `key` is not a Kubernetes label key ([prefix/]name, a qualified name), or None."""
+    prefix, _, name = key.rpartition("/")
+    if "/" in prefix or (key.count("/") == 1 and not prefix):
+        return f"{key!r} is not a label key: at most one '/', with a prefix before it"
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+        return f"{key!r}: the prefix must be a DNS subdomain (lower case, at most 253 characters)"
+    if not name or len(name) > 63 or not _LABEL_NAME.match(name):
+        return (
+            f"{key!r}: the name must be 1-63 characters of letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _label_key(key: str) -> str:
+    if (problem := label_key_problem(key)) is not None:
+        raise ValueError(problem)
+    return key
+
+
+def _label_value(value: str) -> str:
+    if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
+        raise ValueError(f"{value!r} is not a label value (at most 63 letters, digits, '-', '_', '.')")
+    return value
+
+
 class TopologyConfig(_Strict):
     levels: tuple[str, ...] = Field(
-        default=("topology.phalanx.io/block", "topology.phalanx.io/rack", "kubernetes.io/hostname"),
-        description="Node label keys of the topology levels, coarsest first. The host level "
-        "(kubernetes.io/hostname) may be last; gangs name these keys in topology requests.",
+        default=("topology.phalanx.io/block", "topology.phalanx.io/rack", HOSTNAME_LABEL),
+        min_length=1,
+        max_length=16,
+        description="Node label keys of the topology levels, coarsest first, distinct. The host level "
+        "(kubernetes.io/hostname) may only be last; gangs name these keys in topology requests. At least "
+        "one: the gang planner indexes levels, and an empty list made every gang fail. At most 16: "
+        "each level adds a family of domain variables to every solve.",
     )
 
     @field_validator("levels")
     @classmethod
-    def _distinct_levels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+    def _valid_levels(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for level in v:
+            _label_key(level)
         _distinct(v, "levels")
-        if any(not level.strip() for level in v):
-            raise ValueError("levels must be non-empty label keys")
+        if HOSTNAME_LABEL in v[:-1]:
+            raise ValueError(f"{HOSTNAME_LABEL} is the host level: it may only be the last level")
         return v
 
 
@@ -58,17 +102,35 @@ class SolverConfig(_Strict):
         "plans optimal, short enough that a gang never waits noticeably; past it the best "
         "feasible or greedy plan is used.",
     )
-    workers: int = Field(2, ge=1, le=64, description="CP-SAT search workers (threads). 2 suits a 2-core sidecar.")
-    seed: int = Field(0, description="CP-SAT random seed: fixed so the same cluster gives the same plan.")
+    workers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="CP-SAT search workers (threads), 1 to 64 (0 would mean 'all cores' to CP-SAT). "
+        "2 suits a 2-core sidecar.",
+    )
+    seed: int = Field(
+        0,
+        ge=INT32_MIN,
+        le=INT32_MAX,
+        description="CP-SAT random seed, a 32-bit signed integer (CP-SAT rejects any other): fixed so the "
+        "same cluster gives the same plan.",
+    )
 
 
 class GpuModelConfig(_Strict):
     match: str = Field(
         min_length=1,
+        pattern=r"\S",
         description="Case-insensitive substring of the node label nvidia.com/gpu.product this row is for; "
         "the first matching row wins.",
     )
-    tflops: float = Field(gt=0, description="Dense FP16 tensor TFLOPs of one device, the unit TFLOPs requests use.")
+    tflops: float = Field(
+        gt=0,
+        le=100_000,
+        description="Dense FP16 tensor TFLOPs of one device, the unit TFLOPs requests use. At most 100,000, "
+        "the bound device records are read with (objects.MAX_TFLOPS).",
+    )
 
 
 DEFAULT_GPU_MODELS = (
@@ -102,12 +164,63 @@ class CapacityConfig(_Strict):
     oversubscription: Oversubscription = Oversubscription()
 
 
+class _Requirement(_Strict):
+    key: str = Field(min_length=1)
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> _Requirement:
+        op, values = self.operator, self.values
+        if op in ("In", "NotIn") and not values:
+            raise ValueError(f"operator {op} needs at least one value")
+        if op in ("Exists", "DoesNotExist") and values:
+            raise ValueError(f"operator {op} takes no values")
+        if op in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?[0-9]{1,18}", values[0])):
+            raise ValueError(f"operator {op} takes exactly one integer value")
+        return self
+
+
+class _LabelRequirement(_Requirement):
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        return _label_key(v)
+
+
+class _FieldRequirement(_Requirement):
+    key: Literal["metadata.name"] = Field(description="The only node field selectors may name.")
+
+
+class _SelectorTerm(_Strict):
+    match_expressions: tuple[_LabelRequirement, ...] = Field((), alias="matchExpressions")
+    match_fields: tuple[_FieldRequirement, ...] = Field((), alias="matchFields")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> _SelectorTerm:
+        if not self.match_expressions and not self.match_fields:
+            raise ValueError("a term needs matchExpressions or matchFields (an empty term matches no node)")
+        return self
+
+
+_TERM = TypeAdapter(_SelectorTerm)
+
+
 class NodeSelector(_Strict):
     node_selector_terms: tuple[dict[str, Any], ...] = Field(
         alias="nodeSelectorTerms",
         min_length=1,
-        description="Kubernetes node selector terms (ORed; matchExpressions and matchFields within a term ANDed).",
+        description="Kubernetes node selector terms (ORed; matchExpressions and matchFields within a term ANDed). "
+        "Checked as Kubernetes checks them (label keys, operators and their values; matchFields on "
+        "metadata.name only); kept as given for the matcher (eligibility.term_matches).",
     )
+
+    @field_validator("node_selector_terms")
+    @classmethod
+    def _terms(cls, v: tuple[dict[str, Any], ...]) -> tuple[dict[str, Any], ...]:
+        for term in v:
+            _TERM.validate_python(term)
+        return v
 
 
 class NodeManagerConfig(_Strict):
@@ -116,7 +229,12 @@ class NodeManagerConfig(_Strict):
 
 class QosDefinition(_Strict):
     name: QosName
-    priority: int = Field(description="Priority pods of this QoS get in gang planning (higher is placed first).")
+    priority: int = Field(
+        ge=INT32_MIN,
+        le=INT32_MAX,
+        description="Priority pods of this QoS get in gang planning (higher is placed first); 32-bit, as "
+        "Kubernetes priorities are.",
+    )
     description: str = Field("", description="Free text for people; Phalanx does not read it.")
 
 
@@ -129,8 +247,18 @@ class QosConfig(_Strict):
             QosDefinition(name="high", priority=200),
             QosDefinition(name="critical", priority=300),
         ),
-        description="Gang-planning priority per QoS level: low < medium < high < critical, 100 apart.",
+        min_length=1,
+        description="Gang-planning priority per QoS level: low < medium < high < critical, 100 apart. Each "
+        "name at most once, and defaultQoS among them.",
     )
+
+    @model_validator(mode="after")
+    def _default_defined(self) -> QosConfig:
+        names = tuple(d.name for d in self.definitions)
+        _distinct(names, "QoS definition names")
+        if self.default_qos not in names:
+            raise ValueError(f"defaultQoS {self.default_qos!r} has no definition (defined: {list(names)})")
+        return self
 
 
 class GpuFilter(_Strict):
@@ -140,8 +268,8 @@ class GpuFilter(_Strict):
     @field_validator("params")
     @classmethod
     def _models(cls, v: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
-        if set(v) != {"models"} or not v["models"]:
-            raise ValueError("a model filter takes params {models: [<substring>, ...]}")
+        if set(v) != {"models"} or not v["models"] or any(not m.strip() for m in v["models"]):
+            raise ValueError("a model filter takes params {models: [<non-empty substring>, ...]}")
         return v
 
 
@@ -168,7 +296,11 @@ class PoolSpec(_Strict):
 
 
 class PoolConfig(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Pods pick the pool by this name.")
+    name: str = Field(
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Pods pick the pool by this name (a DNS label: it is written into label values).",
+    )
     spec: PoolSpec
 
 
@@ -183,7 +315,9 @@ class GpuConfig(_Strict):
         81920,
         alias="defaultMemoryMiB",
         gt=0,
-        description="GPU memory (MiB) assumed for nodes without the nvidia.com/gpu.memory label.",
+        le=2**20,
+        description="GPU memory (MiB) assumed for nodes without the nvidia.com/gpu.memory label. 80 GiB: an "
+        "A100/H100-80GB; at most 1 TiB per device.",
     )
     models: tuple[GpuModelConfig, ...] = Field(
         DEFAULT_GPU_MODELS, description="TFLOPs rating per GPU model; TFLOPs requests fit only rated models."
@@ -212,6 +346,21 @@ class GpuConfig(_Strict):
         _distinct(tuple(p.name for p in v), "pool names")
         return v
 
+    @field_validator("models")
+    @classmethod
+    def _distinct_models(cls, v: tuple[GpuModelConfig, ...]) -> tuple[GpuModelConfig, ...]:
+        # Matching is case-insensitive and the first row wins: a repeated match is a dead row.
+        _distinct(tuple(m.match.lower() for m in v), "model matches (case-insensitive)")
+        return v
+
+    @field_validator("dynamic_mig_label")
+    @classmethod
+    def _mig_label(cls, v: str) -> str:
+        key, _, value = v.partition("=")
+        _label_key(key)
+        _label_value(value)
+        return v
+
 
 class ServerConfig(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
@@ -238,6 +387,32 @@ class PhalanxConfig(_Strict):
             seed=self.solver.seed,
             placement_mode=PlacementMode(self.gpu.placement_mode),
         )
+
+
+def unmatched_levels(config: PhalanxConfig, node_label_sets: Iterable[Mapping[str, str]]) -> list[str]:
+    """The configured topology levels no node carries as a label, in configured order.
+
+    Empty when there are no nodes (nothing to judge yet). A level no node has puts every node in
+    one domain of that level: placements stay valid but the level constrains nothing, so the
+    caller should warn (an Event) rather than reject the configuration.
+    """
+    missing = dict.fromkeys(config.topology.levels)
+    seen_node = False
+    for labels in node_label_sets:
+        seen_node = True
+        for level in [lv for lv in missing if lv in labels]:
+            del missing[level]
+        if not missing:
+            break
+    return list(missing) if seen_node else []
+
+
+def unmatched_levels_message(levels: Iterable[str]) -> str:
+    """Event text for `unmatched_levels`."""
+    return (
+        f"no node carries the topology level label(s) {', '.join(levels)}: gangs requesting these levels "
+        "cannot be kept within one domain; check topology.levels in the Phalanx configuration"
+    )
 
 
 class ConfigError(ValueError):
