@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from solver.greedy import place_gang
 from solver.ledger import Ledger
-from solver.placement import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
+from solver.placement import Member, Selection, domain_caps, gang_order, live_caps, pick_nodes, take_selection
 from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
 
@@ -193,8 +193,7 @@ def _counts(topo: TopologyIndex, gp: GangProblem, selection: Selection) -> tuple
 def compact(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
     """Every gang by `compact_gang`, else by the greedy baseline, in priority order."""
     placed: dict[int, list[Member]] = {}
-    order = sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
-    for gp in order:
+    for gp in gang_order(problem):
         members = compact_gang(problem.topo, gp, ledger) or place_gang(problem.topo, gp, ledger)
         if members is not None:
             placed[gp.index] = members

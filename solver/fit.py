@@ -23,11 +23,14 @@ from solver.model import GpuDemand, GpuKind, Node, PodShape, Resources
 D = TypeVar("D", bound=DeviceFit)
 
 
+def allowed(node: Node, shape: PodShape) -> bool:
+    """The node is in the pod's allowed set (selector, affinity, taints, as the extender resolved)."""
+    return shape.allowed_nodes is None or node.name in shape.allowed_nodes
+
+
 def eligible(node: Node, shape: PodShape) -> bool:
     """Static eligibility (not capacity): cordon, allowed set, GPU model."""
-    if node.unschedulable:
-        return False
-    if shape.allowed_nodes is not None and node.name not in shape.allowed_nodes:
+    if node.unschedulable or not allowed(node, shape):
         return False
     if shape.gpu.count and shape.gpu_models is not None:
         return any(d.model in shape.gpu_models for d in node.gpus)
@@ -45,15 +48,16 @@ def scalar_fit(req: Resources, *, cpu: int, memory: int, pods: int, extended: Ca
     """Pods of `req` that the free scalars hold; `extended(name)` is the free amount of an
     extended resource. A dimension the pod does not ask for does not limit it."""
     fit = UNLIMITED
-    if req.cpu_milli > 0:
-        fit = min(fit, cpu // req.cpu_milli)
-    if req.memory_mib > 0:
-        fit = min(fit, memory // req.memory_mib)
-    if req.pods > 0:
-        fit = min(fit, pods // req.pods)
+    # Comparisons, not min(): this runs once per node and gang group when a solve is prepared.
+    if req.cpu_milli > 0 and cpu // req.cpu_milli < fit:
+        fit = cpu // req.cpu_milli
+    if req.memory_mib > 0 and memory // req.memory_mib < fit:
+        fit = memory // req.memory_mib
+    if req.pods > 0 and pods // req.pods < fit:
+        fit = pods // req.pods
     for key, value in req.extended:
-        if value > 0:
-            fit = min(fit, extended(key) // value)
+        if value > 0 and extended(key) // value < fit:
+            fit = extended(key) // value
     return max(0, fit)
 
 
@@ -102,7 +106,7 @@ def node_fit(node: Node, shape: PodShape) -> int:
         cpu=alloc.cpu_milli - used.cpu_milli,
         memory=alloc.memory_mib - used.memory_mib,
         pods=alloc.pods - used.pods,
-        extended=lambda key: alloc.get(key) - used.get(key),
+        extended=node.free_of,
     )
     if fit <= 0:
         return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from solver.ledger import Ledger
-from solver.placement import Member, Selection, domain_caps, live_caps, pick_nodes, take_selection
+from solver.placement import Member, Selection, domain_caps, gang_order, live_caps, pick_nodes, take_selection
 from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
 
@@ -27,8 +27,7 @@ from solver.topology import TopologyIndex
 def greedy(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
     """Place gangs one after another (priority, then size, then name); returns placed ones."""
     placed: dict[int, list[Member]] = {}
-    order = sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
-    for gp in order:
+    for gp in gang_order(problem):
         members = place_gang(problem.topo, gp, ledger)
         if members is not None:
             placed[gp.index] = members

@@ -120,6 +120,10 @@ class Node:
     def free(self) -> Resources:
         return self.allocatable.minus(self.used)
 
+    def free_of(self, name: str) -> int:
+        """Free amount of one extended resource (without building all of `free`)."""
+        return self.allocatable.get(name) - self.used.get(name)
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterSnapshot:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from solver.ledger import Ledger
 from solver.model import DeviceAssignment
-from solver.problem import GangProblem, GroupCaps
+from solver.problem import GangProblem, GroupCaps, Problem
 from solver.topology import TopologyIndex
 
 
@@ -36,6 +36,11 @@ class NodePods:
 
 
 Selection = list[NodePods]
+
+
+def gang_order(problem: Problem) -> list[GangProblem]:
+    """The order heuristics place gangs in: higher priority, then larger, then by name."""
+    return sorted(problem.gangs, key=lambda g: (-g.request.priority, -g.request.count, g.request.name))
 
 
 def take_selection(ledger: Ledger, caps: GroupCaps, selection: Selection, members: list[Member]) -> bool:
@@ -81,8 +86,9 @@ def domain_caps(topo: TopologyIndex, gp: GangProblem, live: dict[int, int]) -> d
 
 
 def pick_nodes(nodes: list[int], need: int, live: dict[int, int], *, single: bool = False) -> Selection | None:
-    """Largest capacity first, the last node tightest-fit; `single`: all on one node. Ties go
-    to the lower node index (deterministic); None when the nodes cannot hold `need`."""
+    """Largest capacity first (equal capacities in node order), the last node the tightest
+    that holds the rest (among equals, the last in node order); `single`: all on the tightest
+    one node (among equals, the lowest index). None when the nodes cannot hold `need`."""
     fitting = [n for n in nodes if live[n] >= need]
     if single:
         return [NodePods(min(fitting, key=lambda n: (live[n], n)), need)] if fitting else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from solver.capacity import DeviceState, NodeCapacity
 from solver.device import FULL_SHARE
-from solver.fit import allowed_devices, scalar_shortfall
+from solver.fit import allowed, allowed_devices, scalar_shortfall
 from solver.model import GpuKind, Node, PodShape
 from solver.params import PlacementMode
 
@@ -37,7 +37,7 @@ def reason(node: Node, shape: PodShape) -> str:
     """Why one pod of `shape` does not fit on `node`, with the numbers that matter."""
     if node.unschedulable:
         return NODE_CORDONED
-    if shape.allowed_nodes is not None and node.name not in shape.allowed_nodes:
+    if not allowed(node, shape):
         return NODE_INELIGIBLE
     short = scalar_shortfall(shape.requests, node.free)
     if short is None:
