@@ -12,6 +12,7 @@ Pure: no Kubernetes client, no HTTP. The modules, in the order data flows:
 registered workload types (the `POST /api/v1/workload-types` body) and the shipped defaults.
 """
 
+from extender.ri.budget import REASON_BUDGET
 from extender.ri.gangs import RIGang
 from extender.ri.instances import ComponentInstance
 from extender.ri.interface import Evaluation, ResourceInterface, Unassigned, parse
@@ -39,6 +40,7 @@ from extender.ri.pods import (
 __all__ = [
     "GVK",
     "REASON_AMBIGUOUS_COMPONENT",
+    "REASON_BUDGET",
     "REASON_NO_COMPONENT",
     "REASON_NO_GANG_SCHEDULING",
     "REASON_NO_NAME",

@@ -7,6 +7,9 @@ are compiled: the pod-side program (`pods.PodPlanner`), the status reader, the C
 `evaluate(root, pods)` is the whole story for one root object: its status, its components'
 instances and expected pods (`instances`), each pod's placement (`pods`) and the gangs they form
 (`gangs`). `gang_key(pod)` is the per-pod fast path (one jq run, no CR needed).
+
+Every jq run is timed by the definition's `budget.Breaker`; once it trips, nothing of this
+definition is evaluated any more: pods get `REASON_BUDGET`, `evaluate` reports it as a problem.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extender.ri import jqx
+from extender.ri.budget import REASON_BUDGET, Breaker, TripHandler
 from extender.ri.gangs import RIGang, build_gangs
 from extender.ri.instances import ComponentInstance, read_instances
 from extender.ri.model import GVK, JSON, ComponentDef, InvalidDefinition, KindDef
@@ -64,7 +68,8 @@ class ResourceInterface:
         self.components: tuple[ComponentDef, ...] = tuple(c for _, c in definition.components())
         self.pod_groups = tuple(g for g in definition.pod_groups if g is not None)
         self.root = _gvk(definition.root.kind)
-        self._planner = PodPlanner(definition.root, self.components, self.pod_groups)
+        self.breaker = Breaker(str(self.root))
+        self._planner = PodPlanner(definition.root, self.components, self.pod_groups, meter=self.breaker)
         self._status = StatusReader(definition.root.status_definition)
 
     @property
@@ -80,23 +85,33 @@ class ResourceInterface:
         """The definition as given (a copy), normalized to {structureDefinition, optimizationInstructions}."""
         return copy.deepcopy(self.definition.document)
 
+    def on_budget_trip(self, handler: TripHandler | None) -> None:
+        """Who is told (once) when this definition's jq overruns its budget and is switched off."""
+        self.breaker.on_trip = handler
+
     def classify(self, pod: Mapping[str, JSON]) -> Placement:
+        if self.breaker.tripped:
+            return Placement(reason=REASON_BUDGET)
         return self._planner.classify(pod)
 
     def gang_key(self, pod: Mapping[str, JSON]) -> str | None:
-        """ "<podGroup>/<key parts>" for the pod, or None when no gang takes it."""
-        return self._planner.classify(pod).key
+        """ "<podGroup>/<key parts>" for the pod, or None when no gang takes it (or the breaker is open)."""
+        return self.classify(pod).key
 
     def pod_root_name(self, pod: Mapping[str, JSON]) -> str | None:
         """The root object's name from the pod alone (Phalanx extension `podRootNamePath`), if defined."""
-        return self._planner.root_name(pod)
+        return None if self.breaker.tripped else self._planner.root_name(pod)
 
     def status(self, obj: JSON) -> str:
-        return self._status.status(obj)
+        if self.breaker.tripped:
+            return ""
+        return self._status.status(obj, jqx.Doc(obj, self.breaker))
 
     def instances(self, root_obj: JSON, doc: jqx.Doc | None = None) -> tuple[list[ComponentInstance], list[str]]:
         """Every component instance of `root_obj` with its expected pods, and the CR paths that failed."""
-        doc = doc or jqx.Doc(root_obj)
+        if self.breaker.tripped:
+            return [], [REASON_BUDGET]
+        doc = doc or jqx.Doc(root_obj, self.breaker)
         found: list[ComponentInstance] = []
         problems: list[str] = []
         for comp in self.components:
@@ -107,7 +122,9 @@ class ResourceInterface:
 
     def evaluate(self, root_obj: JSON, pods: list[dict[str, JSON]]) -> Evaluation:
         """Gangs, unassigned pods and status of `root_obj`, given the pods known to descend from it."""
-        doc = jqx.Doc(root_obj)
+        if self.breaker.tripped:
+            return self._switched_off(pods)
+        doc = jqx.Doc(root_obj, self.breaker)
         instances, problems = self.instances(root_obj, doc)
         placed, unassigned = self._place(pods)
         minimums = {g.name: _minimum(doc, g.min_member_path) for g in self.pod_groups}
@@ -119,6 +136,11 @@ class ResourceInterface:
             instances=tuple(instances),
             problems=tuple(problems + unattributed),
         )
+
+    def _switched_off(self, pods: list[dict[str, JSON]]) -> Evaluation:
+        names = [str((pod.get("metadata") or {}).get("name") or "") for pod in pods]
+        unassigned = tuple(Unassigned(name, REASON_BUDGET) for name in names)
+        return Evaluation(gangs=(), unassigned=unassigned, status="", instances=(), problems=(REASON_BUDGET,))
 
     def _place(self, pods: list[dict[str, JSON]]) -> tuple[list[tuple[str, Placement]], list[Unassigned]]:
         placed, unassigned = [], []

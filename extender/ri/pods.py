@@ -61,7 +61,14 @@ class _Member:
 class PodPlanner:
     """Compiled pod-side view of one RI."""
 
-    def __init__(self, root: ComponentDef, components: Sequence[ComponentDef], groups: Sequence[PodGroupDef]) -> None:
+    def __init__(
+        self,
+        root: ComponentDef,
+        components: Sequence[ComponentDef],
+        groups: Sequence[PodGroupDef],
+        meter: jqx.Meter | None = None,
+    ) -> None:
+        self._meter = meter
         exprs: list[str] = []
         bearing = [c for c in components if c.bears_pods()]
         self._types = [
@@ -85,7 +92,7 @@ class PodPlanner:
         self._slots = jqx.Slots(exprs)
 
     def classify(self, pod: Mapping[str, JSON]) -> Placement:
-        values = self._slots.run(pod)
+        values = self._slots.run(pod, self._meter)
         component, reason = self._component(values)
         if component is None:
             return Placement(reason=reason)
@@ -96,13 +103,13 @@ class PodPlanner:
 
     def place_template(self, template: Mapping[str, JSON], component: str) -> Placement:
         """Where a pod built from `template` would go, its component being known."""
-        group, key, reason = self._place(self._slots.run(template), component)
+        group, key, reason = self._place(self._slots.run(template, self._meter), component)
         return Placement(component, None, group, key, reason)
 
     def root_name(self, pod: Mapping[str, JSON]) -> str | None:
         if self._root_name is None:
             return None
-        value = self._slots.run(pod)[self._root_name]
+        value = self._slots.run(pod, self._meter)[self._root_name]
         return None if value is None else jqx.as_text(value)
 
     def groups_covering(self, component: str) -> list[str]:

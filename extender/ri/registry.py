@@ -4,10 +4,13 @@ A workload type is a Kind (`name`) in an API `group` with one Resource Interface
 version. Validation reports every violation at once, with paths into the body
 (`resourceInterfaces[1].childComponents[0].ownerRef: ...`): the body's own shape, every RI's
 violations, each RI's root kind equal to `name` and root group equal to `group`, and versions
-unique across the RIs.
+unique across the RIs. Every RI's jq is then timed on probe pods (`probe`): one over its
+budget is a violation like any other.
 
 `Registry` is the thread-safe set of registered types, keyed by (group, name), indexed by the
 root GVK of every RI; `generation` moves on every change so derived state (watches) can follow.
+It hands every RI it holds the handler told when that RI's jq breaker trips (`budget`): by
+default a Warning log line; the app adds an Event with `on_budget_trip`.
 It round-trips through a ConfigMap's `data`: one key per type, `<group>.<Kind>.yaml` ("core" for
 the empty group), holding the body as YAML. `load_defaults()` reads the shipped definitions from
 config/resource-interfaces/ (one body per file).
@@ -22,13 +25,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from extender.ri import probe
+from extender.ri.budget import TripHandler
 from extender.ri.interface import ResourceInterface, parse
 from extender.ri.model import GVK, InvalidDefinition, Violation
 from extender.ri.structure import load_text
+
+log = structlog.get_logger("phalanx.ri")
 
 DEFAULTS_DIR = Path(__file__).resolve().parents[2] / "config" / "resource-interfaces"
 
@@ -111,6 +119,7 @@ def _interfaces(model: WorkloadTypeBody) -> tuple[list[ResourceInterface], list[
             violations += [Violation(f"{base}.{v.path}" if v.path else base, v.message) for v in error.violations]
             continue
         violations += _matches_type(ri, model, base)
+        violations += [Violation(f"{base}.{v.path}" if v.path else base, v.message) for v in probe.check(ri.definition)]
         if ri.root.version in versions:
             why = f"duplicate version {ri.root.version!r} (also {versions[ri.root.version]})"
             violations.append(Violation(f"{base}.rootComponent.kind.version", why))
@@ -138,6 +147,7 @@ class Registry:
         self._types: dict[tuple[str, str], WorkloadType] = {}
         self._by_gvk: dict[GVK, ResourceInterface] = {}
         self.generation = 0
+        self._on_trip: TripHandler = _log_trip
         for wt in types:
             self.put(wt)
 
@@ -148,6 +158,18 @@ class Registry:
             self._types[wt.key] = wt
             self._reindex()
             return previous
+
+    def on_budget_trip(self, handler: TripHandler) -> None:
+        """Also tell `handler(definition, message)` when a registered RI's jq is switched off for
+        overrunning its budget (after the Warning log line)."""
+
+        def both(name: str, message: str) -> None:
+            _log_trip(name, message)
+            handler(name, message)
+
+        with self._lock:
+            self._on_trip = both
+            self._reindex()
 
     def get(self, name: str, group: str | None = None) -> WorkloadType | None:
         """By name and group; without a group, the only type of that name (None when several)."""
@@ -204,7 +226,13 @@ class Registry:
 
     def _reindex(self) -> None:
         self._by_gvk = {ri.root: ri for wt in self._types.values() for ri in wt.interfaces}
+        for ri in self._by_gvk.values():
+            ri.on_budget_trip(self._on_trip)
         self.generation += 1
+
+
+def _log_trip(name: str, message: str) -> None:
+    log.warning("resource interface switched off", definition=name, message=message)
 
 
 def load_defaults(directory: Path | None = None) -> list[WorkloadType]:

@@ -9,7 +9,8 @@ Rules, and how the spec's own examples bend them:
 - Paths (CR side: specDefinition, instanceIdPath, scaleDefinition, status paths, minMemberPath;
   pod side: podSelector paths, podRootNamePath) start with `.`; every jq expression compiles.
   `filters` and `groupByKeyPaths` are queries, not paths: they need only compile (bare-word keys
-  are literals, see `jqx`).
+  are literals, see `jqx`). No expression may use what `jqlint` forbids (loops, recursion,
+  user functions, environment, risky regexes): user jq runs in the extender's verbs.
 - No duplicate child kinds: an `additionalChildKinds` entry may not repeat another entry, the
   root's kind, or an explicitly defined component's kind. Two *components* may share a kind only
   when both carry a `componentTypeSelector` - the spec's own KServe example defines predictor and
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from itertools import combinations
 
-from extender.ri import jqx
+from extender.ri import jqlint, jqx
 from extender.ri.model import STATUSES, ComponentDef, KindDef, PodGroupDef, Violation
 from extender.ri.structure import Definition
 
@@ -214,14 +215,17 @@ def _pod_groups(defn: Definition, names: set[str]) -> Iterator[Violation]:
 
 
 def _expressions(defn: Definition) -> Iterator[Violation]:
-    for path, expression, absolute in _all_expressions(defn):
+    for path, expression, absolute in all_expressions(defn):
         if absolute and not jqx.is_absolute(expression):
             yield Violation(path, f"must be an absolute path starting with '.': {expression!r}")
         elif (error := jqx.compile_error(expression)) is not None:
             yield Violation(path, f"jq does not compile: {error}")
+        else:
+            for problem in jqlint.problems(expression):
+                yield Violation(path, f"jq not allowed in a resource interface: {problem}")
 
 
-def _all_expressions(defn: Definition) -> Iterator[tuple[str, str, bool]]:
+def all_expressions(defn: Definition) -> Iterator[tuple[str, str, bool]]:
     """(path, jq text, must be absolute) for every expression in the definition."""
     for path, comp in defn.components():
         yield from _component_expressions(path, comp)
