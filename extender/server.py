@@ -5,16 +5,25 @@ request runs in its own thread, so a bind that waits never blocks a filter. One 
 (`Server.routes`, built in `__init__`) maps method and path to a handler; malformed input gets
 400 with a message, an internal fault 500; nothing a client sends can stop the server.
 Per-call logging is the handlers' own (one debug line per verb call), not the server's.
+
+Every client is bounded (`Limits`): the body size per route (413), the time to read one
+request once its first byte arrives (408, then the connection is dropped: a client that
+declares more than it sends holds its thread for seconds, not forever), the idle time of a
+kept-alive connection, and the number of connections, each holding one thread (past it, a
+fast 503 and close). The handler's own time is not bounded here: bind waits at the gang gate.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -27,7 +36,36 @@ from extender.metrics import Metrics
 
 log = structlog.get_logger("phalanx.server")
 
-MAX_BODY = 64 * 2**20
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one client may take of the server."""
+
+    # Bytes of a verb's body. With nodeCacheCapable kube-scheduler sends names only: a pod
+    # (etcd caps an object at 1.5 MiB) plus 15,000 names of up to 253 characters is ~5 MiB, and
+    # preempt's victims (max(100, 10% of nodes) candidates x 110 pods) ~3 MiB. More is hostile.
+    verb_body: int = 8 * 2**20
+    # Bytes of a REST body: a workload type is stored in a ConfigMap, 1 MiB at most.
+    api_body: int = 2**20
+    # Seconds to read one request (line, headers, body) from its first byte: kube-scheduler
+    # on the same host sends a few MiB in milliseconds; a client that lies is gone in seconds.
+    read_timeout_s: float = 10.0
+    # Seconds a kept-alive connection may wait for its next request: longer than Go's 90 s
+    # IdleConnTimeout, so kube-scheduler always closes first and never sends on a connection
+    # the server is closing.
+    idle_timeout_s: float = 120.0
+    # Open connections, one thread each; past it, 503 and close. Every member of a gang holds
+    # a bind at the gate at once: room for a 512-member gang twice over.
+    connections: int = 1024
+
+
+#: Bytes read (and dropped) from a body sent where none is expected, to keep the stream framed.
+IGNORED_BODY = 64 * 2**10
+_BUSY_BODY = b'{"Error":"too many connections, retry in a second"}'
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
 
 #: An extender verb: the request's JSON object -> the reply's JSON.
 Verb = Callable[[dict[str, Any]], Any]
@@ -58,7 +96,7 @@ class Route:
     path: str
     handler: Handler
     prefix: bool = False  # also serves every path below `path` + "/"
-    body: bool = False  # reads the request body
+    max_body: int = 0  # bytes of body it reads; 0: none expected (up to IGNORED_BODY dropped)
 
     def matches(self, method: str, path: str) -> bool:
         if method not in self.methods:
@@ -80,7 +118,10 @@ class Server(ThreadingHTTPServer):
         ready: Callable[[], bool],
         reads: dict[str, Read] | None = None,
         apis: dict[str, Api] | None = None,
+        limits: Limits = Limits(),
     ) -> None:
+        self.limits = limits
+        self._slots = threading.BoundedSemaphore(limits.connections)
         super().__init__(address, _Handler)
         self.connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
@@ -95,16 +136,50 @@ class Server(ThreadingHTTPServer):
             Route(get, "/metrics", lambda m, p, b: Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)),
             Route(get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()})),
             Route(delete, "/api/v1/stats", self._reset_stats),
-            *(Route(any_, prefix, _api(api), prefix=True, body=True) for prefix, api in (apis or {}).items()),
+            *(
+                Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body)
+                for prefix, api in (apis or {}).items()
+            ),
             *(Route(get, prefix, _read(read), prefix=True) for prefix, read in (reads or {}).items()),
             *(
-                Route(frozenset({"POST"}), f"/{name}", self._verb(name, verb), body=True)
+                Route(post, f"/{name}", self._verb(name, verb), max_body=limits.verb_body)
                 for name, verb in verbs.items()
             ),
         ]
 
     def route(self, method: str, path: str) -> Route | None:
         return next((r for r in self.routes if r.matches(method, path)), None)
+
+    def allowed(self, path: str) -> list[str]:
+        """The methods some route serves at `path` (for 405's Allow header)."""
+        return sorted({m for r in self.routes for m in r.methods if r.matches(m, path)})
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """One thread per connection, at most `limits.connections` at once: past it the
+        connection gets 503 from the accepting thread and is closed, without a thread."""
+        if not self._slots.acquire(blocking=False):
+            self.metrics.errors.labels("server", "too-many-connections").inc()
+            with contextlib.suppress(OSError):
+                request.setblocking(False)  # a fresh socket's buffer takes it; never wait here
+                request.send(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()  # the thread never started
+            raise
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return  # a client that reset or left mid-request: nothing to fix here
+        log.exception("connection handler failed", client=str(client_address))
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def _readyz(self, method: str, path: str, body: bytes) -> Reply:
         ok = self.ready()
@@ -185,6 +260,26 @@ def _api(api: Api) -> Handler:
     return handle
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The connection as a raw stream whose reads share one deadline: a per-read timeout
+    alone lets a client trickle a byte a second forever. No deadline: the idle timeout."""
+
+    def __init__(self, sock: socket.socket, idle_s: float) -> None:
+        self.sock = sock
+        self.idle_s = idle_s
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        timeout = self.idle_s if self.deadline is None else self.deadline - time.monotonic()
+        if timeout <= 0:
+            raise TimeoutError("request not read in time")
+        self.sock.settimeout(timeout)
+        return self.sock.recv_into(buffer)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes; with Nagle on, the body waits for the
@@ -194,11 +289,41 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.rfile.close()  # the socket's own reader: replaced by one with a deadline
+        self.reader = _DeadlineReader(self.connection, self.server.limits.idle_timeout_s)
+        self.buffered = io.BufferedReader(self.reader, 64 * 2**10)
+        self.rfile = self.buffered
         self.server.track(self.connection, open_=True)
 
     def finish(self) -> None:
         self.server.track(self.connection, open_=False)
         super().finish()
+
+    def handle_one_request(self) -> None:
+        """Wait (idle timeout) for the next request's first byte, then read it all by one
+        deadline (read timeout); writes get the read timeout too."""
+        self.reader.deadline = None
+        try:
+            if not self.buffered.peek(1):
+                self.close_connection = True  # the client closed a kept-alive connection
+                return
+        except OSError:  # idle too long (TimeoutError) or reset
+            self.close_connection = True
+            return
+        self.reader.deadline = time.monotonic() + self.server.limits.read_timeout_s
+        super().handle_one_request()
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """The standard library's protocol errors; an unknown method (501) or HTTP version
+        (505) is the client's fault, not the server's: 405 and 400."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command!r} not allowed"
+        elif code >= 500:
+            code = HTTPStatus.BAD_REQUEST
+        if self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # a request line that is noise still gets a status line
+        self.connection.settimeout(self.server.limits.read_timeout_s)
+        super().send_error(code, message, explain)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # one structured line per call is logged by the verbs
@@ -215,34 +340,77 @@ class _Handler(BaseHTTPRequestHandler):
     def do_DELETE(self) -> None:
         self._dispatch("DELETE")
 
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_HEAD(self) -> None:
+        self._dispatch("HEAD")
+
+    def do_OPTIONS(self) -> None:
+        self._dispatch("OPTIONS")
+
     def _dispatch(self, method: str) -> None:
         path = self.path.split("?", 1)[0]
         route = self.server.route(method, path)
-        if route is None:
-            if method == "POST":
-                self._send(Reply.json(404, {"Error": f"unknown verb or route {path!r}"}))
-            else:
-                self._send(Reply.json(404, {"error": f"no route {method} {path}"}))
+        length = self._length(route.max_body if route else 0)
+        if length is None:
             return
-        body = b""
-        if route.body:
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                self.close_connection = True  # the rest of the stream cannot be framed
-                self._send(Reply.json(400, {"Error": "Content-Length is not a number"}))
-                return
-            if length > MAX_BODY or length < 0:
-                self.close_connection = True
-                self._send(Reply.json(413, {"Error": f"body larger than {MAX_BODY} bytes"}))
-                return
+        try:
             body = self.rfile.read(length) if length else b""
+        except TimeoutError:
+            self._refuse(HTTPStatus.REQUEST_TIMEOUT, f"body not received within {self.server.limits.read_timeout_s} s")
+            return
+        if len(body) < length:
+            self.close_connection = True  # the client closed mid-body: nobody to answer
+            return
+        self.reader.deadline = None  # read: the handler may take its time (bind waits at the gate)
+        if route is None:
+            self._send(self._no_route(method, path))
+            return
         rest = path[len(route.path.rstrip("/")) :] if route.prefix else ""
         self._send(route.handler(method, rest, body))
 
+    def _length(self, limit: int) -> int | None:
+        """The body's length from Content-Length, or None once a refusal is sent. A body
+        that cannot be framed (chunked, a length that is no number, two lengths) closes the
+        connection: whatever follows on the stream would be read as a request."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            self._refuse(HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding is not supported: send Content-Length")
+            return None
+        values = self.headers.get_all("Content-Length") or []
+        if len(set(values)) > 1:
+            self._refuse(HTTPStatus.BAD_REQUEST, "Content-Length given twice with different values")
+            return None
+        text = values[0].strip() if values else "0"
+        if not (text.isascii() and text.isdigit() and len(text) <= 18):
+            self._refuse(HTTPStatus.BAD_REQUEST, f"Content-Length is not a number: {text[:32]!r}")
+            return None
+        length = int(text)
+        if length > (limit or IGNORED_BODY):
+            status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+            self._refuse(status, f"body of {length} bytes; at most {limit or IGNORED_BODY} here")
+            return None
+        return length
+
+    def _no_route(self, method: str, path: str) -> Reply:
+        allowed = self.server.allowed(path)
+        if allowed:
+            return Reply.json(405, {"Error": f"{method} not allowed on {path}; allowed: {', '.join(allowed)}"})
+        if method == "POST":
+            return Reply.json(404, {"Error": f"unknown verb or route {path[:256]!r}"})
+        return Reply.json(404, {"error": f"no route {method} {path[:256]}"})
+
+    def _refuse(self, status: HTTPStatus, message: str) -> None:
+        self.close_connection = True
+        self._send(Reply.json(status, {"Error": message}))
+
     def _send(self, reply: Reply) -> None:
+        self.connection.settimeout(self.server.limits.read_timeout_s)  # a client that never reads
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(reply.body)
+        if self.command != "HEAD":
+            self.wfile.write(reply.body)

@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import structlog
 
+from extender import wire
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
@@ -53,6 +54,7 @@ log = structlog.get_logger("phalanx.verbs")
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
 PARSED_PODS = 512  # parsed pods kept: filter and prioritize of one cycle parse once
+PARSED_POD_BYTES = 64 * 2**10  # larger pods (big annotations) are parsed on every call, never kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +104,21 @@ class Verbs:
         """The request's pod, parsed once per (uid, resourceVersion): filter and prioritize of
         one scheduling cycle carry the same pod."""
         self._require_sync()
-        obj = args.get("Pod")
-        if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
-            raise BadRequest("missing or malformed field Pod")
+        obj = wire.check_pod(args.get("Pod"))
         meta = obj["metadata"]
-        key = (str(meta.get("uid", "")), str(meta.get("resourceVersion", "")))
+        key = (meta.get("uid") or "", meta.get("resourceVersion") or "")
         pod = self._parsed.get(key)
         if pod is None:
-            pod = pod_info(obj)
-            if len(key[0]) <= 64 and len(key[1]) <= 32:  # a real uid and resourceVersion
+            try:
+                pod = pod_info(obj)
+                size = len(orjson.dumps(obj))
+            except (TypeError, ValueError, AttributeError, ArithmeticError, RecursionError) as e:
+                # pod_info reads hostile pods from the watch without raising; one it cannot
+                # read at all (wrong types deep down, nesting past orjson's limit) is malformed.
+                raise BadRequest(f"Pod: unreadable: {type(e).__name__}: {str(e)[:256]}") from None
+            # A real uid and resourceVersion, and a pod of ordinary size: the cache holds at
+            # most PARSED_PODS x PARSED_POD_BYTES (32 MiB), whatever clients send.
+            if key[0] and len(key[1]) <= 32 and size <= PARSED_POD_BYTES:
                 if len(self._parsed) >= PARSED_PODS:
                     self._parsed.clear()
                 self._parsed[key] = pod
@@ -293,11 +301,8 @@ class Verbs:
 
     def bind(self, args: dict[str, Any]) -> dict[str, Any]:
         self._require_sync()
-        try:
-            namespace, name = str(args["PodNamespace"]), str(args["PodName"])
-            uid, node = str(args["PodUID"]), str(args["Node"])
-        except KeyError as e:
-            raise BadRequest(f"bind: missing field {e.args[0]}") from None
+        checked = wire.bind_args(args)  # the name and namespace go into an API path
+        namespace, name, uid, node = checked.namespace, checked.name, checked.uid, checked.node
         pod = self._pod_by_uid(uid, namespace, name)
         if pod is None:
             return {"Error": f"pod {namespace}/{name} not found"}
@@ -384,10 +389,7 @@ class Verbs:
         the preemptor; drop the others (kube-scheduler then skips them). A gang member gets
         no candidates at all when no eviction can place its gang (no quorum, no definition,
         a plan already, or no fit even with every lower-priority pod gone)."""
-        pod = self._pod(args)
-        victims = args.get("NodeNameToMetaVictims") or {}
-        if not isinstance(victims, dict):
-            raise BadRequest("preempt: NodeNameToMetaVictims must be an object")
+        pod, victims = self._pod(args), wire.victims(args)
         if self.gangs is not None and self.gangs.preemption_helps(pod) is False:
             self.metrics.outcomes.labels("preempt", "gang-unhelped").inc()
             return {"NodeNameToMetaVictims": {}}
@@ -404,13 +406,4 @@ class Verbs:
 
 
 def _node_names(args: dict[str, Any]) -> list[str]:
-    names = args.get("NodeNames")
-    if names is None:
-        nodes = args.get("Nodes") or {}
-        items = nodes.get("items") if isinstance(nodes, dict) else None
-        if items is None:
-            raise BadRequest("missing field NodeNames (is nodeCacheCapable set?)")
-        names = [(n.get("metadata") or {}).get("name", "") for n in items]
-    if not isinstance(names, list) or not set(map(type, names)) <= {str}:
-        raise BadRequest("NodeNames must be a list of strings")
-    return names
+    return wire.node_names(args)

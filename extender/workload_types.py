@@ -13,6 +13,7 @@ definition. Unknown names get 404.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,12 +23,18 @@ import structlog
 import yaml
 
 from extender.kube import Kube
-from extender.ri.model import InvalidDefinition
+from extender.ri.model import InvalidDefinition, Violation
 from extender.ri.registry import Registry, WorkloadType, load_defaults
+from extender.ri.structure import load_text
 
 log = structlog.get_logger("phalanx.workload-types")
 
 KEY_PREFIX = "workload-type."
+# A definition is a few hundred values a dozen levels deep; past these bounds it is hostile
+# (YAML aliases can make a 1 KiB text expand to millions of values).
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+_BRACKETS = re.compile(r"[^\[\]{}]+")
 
 
 class WorkloadTypes:
@@ -71,8 +78,8 @@ class WorkloadTypes:
                     changed |= self._hide(key)
                     continue
                 try:
-                    wt = WorkloadType.from_body(text)
-                except (InvalidDefinition, yaml.YAMLError, ValueError) as e:
+                    wt = WorkloadType.from_body(_load(text))
+                except (InvalidDefinition, yaml.YAMLError, ValueError, RecursionError) as e:
                     self.warn(f"ConfigMap {self.namespace}/{self.configmap} key {key}: {e}")
                     continue
                 self.applied[key] = text
@@ -138,14 +145,16 @@ class WorkloadTypes:
         if not text.strip():
             return 400, {"error": "body required: a workload type (JSON or YAML)", "violations": []}
         try:
-            wt = WorkloadType.from_body(text)
+            wt = WorkloadType.from_body(_load(text))
         except InvalidDefinition as e:
             return 400, {
                 "error": "invalid workload type",
                 "violations": [{"path": v.path, "message": v.message} for v in e.violations],
             }
         except (yaml.YAMLError, ValueError) as e:
-            return 400, {"error": f"body is neither JSON nor YAML: {e}", "violations": []}
+            return 400, {"error": f"body is neither JSON nor YAML: {str(e)[:512]}", "violations": []}
+        except RecursionError:  # nesting deep enough to exhaust the parser's stack
+            return 400, {"error": f"body nested deeper than {MAX_DEPTH} levels", "violations": []}
         key = KEY_PREFIX + wt.configmap_key
         text = yaml.safe_dump(wt.to_body(), sort_keys=False)
         with self.lock:
@@ -173,6 +182,38 @@ class WorkloadTypes:
         self.on_change()
         log.info("workload type deleted", name=wt.name, group=wt.group)
         return 200, {"deleted": {"name": wt.name, "group": wt.group}}
+
+
+def _load(text: str) -> Any:
+    """The text as JSON or YAML, within MAX_DEPTH and MAX_VALUES. Flow nesting is counted
+    before parsing: PyYAML's scanner takes seconds (holding the GIL) on a few thousand
+    unclosed brackets before its parser overflows the stack."""
+    depth = 0
+    for bracket in _BRACKETS.sub("", text):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_DEPTH:
+            raise InvalidDefinition([Violation("", f"nested deeper than {MAX_DEPTH} levels")])
+    return _bounded(load_text(text))
+
+
+def _bounded(doc: Any) -> Any:
+    """`doc` itself if it is at most MAX_DEPTH deep with at most MAX_VALUES values (aliases
+    counted each time they are reached); InvalidDefinition otherwise. Iterative: it cannot overflow
+    the stack, and it stops at the first bound, so a cyclic alias costs MAX_VALUES steps."""
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > MAX_DEPTH or seen > MAX_VALUES:
+            raise InvalidDefinition(
+                [Violation("", f"nested deeper than {MAX_DEPTH} levels or over {MAX_VALUES} values")]
+            )
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return doc
 
 
 def _describe(wt: WorkloadType) -> dict[str, Any]:
