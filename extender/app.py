@@ -20,7 +20,15 @@ import structlog
 from extender import logs
 from extender.binder import Binder
 from extender.cache import Cache
-from extender.config import CONFIGMAP_KEY, CONFIGMAP_NAME, ConfigError, PhalanxConfig, parse
+from extender.config import (
+    CONFIGMAP_KEY,
+    CONFIGMAP_NAME,
+    ConfigError,
+    PhalanxConfig,
+    parse,
+    unmatched_levels,
+    unmatched_levels_message,
+)
 from extender.dynamic_watch import DynamicWatches
 from extender.gangs.manager import GangManager
 from extender.gangs.notify import Notifier
@@ -64,6 +72,7 @@ class Extender:
         self.cache.on_pod_change(self._report_pod)
         self.cache.on_invalid_node(self._report_node)
         self.registry = Registry()
+        self.registry.on_budget_trip(lambda _name, message: self._warn_workload_type(message))
         self.ri = RISource(self.registry, self.cache.pod)
         self.gangs = GangManager(
             self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
@@ -211,8 +220,18 @@ class Extender:
                     self.dynamic.retry()  # CRDs installed after start-up
                 if ticks % 10 == 1:
                     self.sharing.refresh()  # the fragmentation measure's target workload
+                    self._check_levels()
             except Exception:
                 log.exception("periodic sweep failed")
+
+    def _check_levels(self) -> None:
+        """A Warning Event on the ConfigMap while configured topology levels match no node
+        (valid configuration, but such a level constrains nothing). Reported once per text."""
+        missing = unmatched_levels(self.config, self.cache.node_labels()) if self.synced() else []
+        if missing:
+            meta = {"name": CONFIGMAP_NAME, "namespace": self.options.config_namespace}
+            ref = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
+            self.notifier.report(ref, "TopologyLevelsUnmatched", unmatched_levels_message(missing))
 
     def _initial_config(self) -> PhalanxConfig:
         if self.options.config_file is not None:

@@ -36,7 +36,7 @@ update their own state (taking only their own leaf lock), never call back into t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import structlog
@@ -315,6 +315,11 @@ class Cache:
         """(nodes, pods) the cache holds."""
         with self._lock:
             return len(self._nodes), len(self._pods)
+
+    def node_labels(self) -> list[Mapping[str, str]]:
+        """Every node's labels (to check the configured topology levels against)."""
+        with self._lock:
+            return [info.labels for info in self._nodes.values()]
 
     def counted(self, node: str) -> list[Counted]:
         """The pods `node` counts, for the read API."""

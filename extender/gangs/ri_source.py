@@ -26,12 +26,14 @@ from dataclasses import dataclass
 
 from extender.gangs.sources import DEFAULT_TIMEOUT_S, JSON, GangSpec, Resolution, kai_topology
 from extender.objects import OwnerRef, PodInfo, owner_refs
+from extender.ri.budget import REASON_BUDGET
 from extender.ri.interface import ResourceInterface
 from extender.ri.model import GVK, ComponentDef
 from extender.ri.registry import Registry
 
 PREFIX = "ri:"
 WAITING_PREFIX = "ri-wait:"
+BUDGET = "budget:"  # after WAITING_PREFIX: the pod's definition is switched off (jq over budget)
 #: Kinds whose objects sit between a watched child and its pods without being named by RIs.
 IMPLICIT = {GVK("apps", "v1", "Deployment"): GVK("apps", "v1", "ReplicaSet")}
 MAX_DEPTH = 8
@@ -119,6 +121,8 @@ class RISource:
             return f"{WAITING_PREFIX}{pod.namespace}/{found.kind}/{found.name}"
         ri, root = found
         gang = ri.gang_key(pod.obj)
+        if gang is None and ri.breaker.tripped:  # its members must wait, never run as singles
+            return f"{WAITING_PREFIX}{BUDGET}{pod.namespace}/{root.kind}/{root.name}"
         return f"{PREFIX}{pod.namespace}/{root.name}/{gang}" if gang else ""
 
     def _walk(self, pod: PodInfo) -> tuple[ResourceInterface, OwnerRef] | OwnerRef | None:
@@ -148,6 +152,8 @@ class RISource:
     # ------------------------------------------------------------------ specs
 
     def resolve(self, pod: PodInfo, key: str, members: list[PodInfo]) -> Resolution:
+        if key.startswith(WAITING_PREFIX + BUDGET):
+            return Resolution(key, None, f"{key[len(WAITING_PREFIX + BUDGET) :]}: {REASON_BUDGET}")
         if key.startswith(WAITING_PREFIX):
             return Resolution(key, None, f"waiting for owner {key[len(WAITING_PREFIX) :]}")
         found = self._walk(pod)

@@ -163,3 +163,16 @@ def test_resource_interface_jq_never_runs_under_the_cache_lock(ext: Extender) ->
     ext.cache.pod_event("ADDED", pod)
     assert keyed(ext)[pod["metadata"]["uid"]].startswith("ri:")
     assert held and not any(held)
+
+
+def test_members_of_a_definition_switched_off_for_its_budget_wait_and_are_never_bound_alone(ext: Extender) -> None:
+    cr, job, pod = jobset_objects()
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext._ri_event(JOB, "ADDED", job)
+    ri = ext.registry.lookup("jobset.x-k8s.io", "v1alpha2", "JobSet")
+    assert ri is not None
+    ri.breaker.tripped_because = "test: over budget"
+    ext.cache.pod_event("ADDED", pod)
+    info = ext.cache.pod(pod["metadata"]["uid"])
+    answer = ext.gangs.filter(info, ["n0"])
+    assert answer is not None and answer.passed == [] and "time budget" in answer.message
