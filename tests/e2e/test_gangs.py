@@ -279,3 +279,33 @@ def test_restart_mid_gang_binds_nothing_twice_and_ends_fully_bound(
     )
     assert Counter(p["metadata"]["name"] for p in placed) == Counter(f"stuck-{i}" for i in range(4))
     delete_pods(kube, "phalanx.io/workload=stuck")
+
+
+def test_a_lone_high_priority_member_of_an_absent_gang_evicts_nothing(
+    extender: dict[str, Extender], kube: RestKube
+) -> None:
+    """A full rack, and one high-priority member of a 4-member gang whose other 3 members do
+    not exist: no eviction can place the gang, so preemption must evict nothing (it once
+    evicted a pod per scheduling attempt)."""
+    high = {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "phalanx-e2e-high"}}
+    r = kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body={**high, "value": 1_000_000})
+    assert r.status in (201, 409), r.body
+    rack = {RACK: "b0-r0"}
+    for i in range(8):
+        member(kube, f"filler-{i}", {"role": "filler"}, selector=rack)
+    wait("rack b0-r0 full", lambda: len(bound(kube, "role=filler")) == 8)
+    before = {p["metadata"]["uid"] for p in pods(kube, "role=filler")}
+    try:
+        workload(kube, "storm", 4)
+        spec = {"priorityClassName": "phalanx-e2e-high"}
+        member(kube, "storm-0", {"phalanx.io/workload": "storm", "role": "storm"}, selector=rack, spec=spec)
+        # FailedScheduling is recorded after kube-scheduler's preemption attempt (PostFilter).
+        wait("storm-0 tried and rejected", lambda: any("nodes are available" in m for m in events_for(kube, "storm-0")))
+        fillers = pods(kube, "role=filler")
+        assert {p["metadata"]["uid"] for p in fillers} == before
+        assert not any(p["metadata"].get("deletionTimestamp") for p in fillers)
+        (storm,) = pods(kube, "role=storm")
+        assert not storm["status"].get("nominatedNodeName") and not storm["spec"].get("nodeName")
+    finally:
+        delete_pods(kube, "role in (filler,storm)")
+        kube.request("DELETE", f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/storm")
