@@ -86,7 +86,7 @@ class DynamicWatches:
         base = f"/apis/{gvk.group}/{gvk.version}" if gvk.group else f"/api/{gvk.version}"
         try:
             r = self.kube.request("GET", base)
-        except OSError as e:
+        except Exception as e:  # urllib3's MaxRetryError while the API server is down is no OSError
             log.warning("discovery failed", kind=str(gvk), error=str(e))
             return None
         if r.status != 200 or not isinstance(r.body, dict):

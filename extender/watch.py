@@ -2,12 +2,16 @@
 
 List (paged), hand the full set to the cache, mark "listed", then watch from the list's
 resourceVersion with bookmarks. A 410 Gone (as an HTTP status or an ERROR event) means the
-version expired: list again. Any other failure backs off and re-watches from the last version
-seen. Readiness is reported only after the first list.
+version expired: list again. Any other failure backs off (exponential, 0.5 s to 5 s, with
+jitter so a dozen reflectors do not reconnect in step) and re-watches from the last version seen.
+A watch that ran healthily for a while before failing starts the backoff afresh: one outage
+must not leave every later reconnect at the cap (after a kube-apiserver restart, each second
+of backoff is a second of stale cache). Readiness is reported only after the first list.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +25,10 @@ log = structlog.get_logger("phalanx.watch")
 
 OnList = Callable[[list[JSON]], None]
 OnEvent = Callable[[str, JSON], None]
+
+BACKOFF_S = 0.5  # first retry after a failure
+MAX_BACKOFF_S = 5.0  # cheap to poll a refused connection; long waits only delay recovery
+HEALTHY_S = 10.0  # a list-and-watch that lasted this long was healthy: reset the backoff
 
 
 class Reflector:
@@ -60,15 +68,16 @@ class Reflector:
         self.stopped.set()
 
     def run(self) -> None:
-        backoff = 0.5
+        backoff = BACKOFF_S
         need_list = True
         while not self.stopped.is_set():
+            started = time.monotonic()
             try:
                 if need_list:
                     self.list()
                     need_list = False
                 self.watch()
-                backoff = 0.5
+                backoff = BACKOFF_S
             except Expired:
                 log.info("watch expired; listing again", resource=self.name)
                 need_list = True
@@ -80,16 +89,19 @@ class Reflector:
                     need_list = True
                     self.stopped.wait(10)
                     continue
-                self._retry(e, backoff)
-                backoff = min(backoff * 2, 10.0)
+                backoff = self._retry(e, backoff, started)
                 need_list = need_list or e.status in (401, 403, 404)
-            except Exception as e:
-                self._retry(e, backoff)
-                backoff = min(backoff * 2, 10.0)
+            except Exception as e:  # urllib3's errors (MaxRetryError, ProtocolError) are not OSError
+                backoff = self._retry(e, backoff, started)
 
-    def _retry(self, error: Exception, backoff: float) -> None:
-        log.warning("watch failed; retrying", resource=self.name, error=str(error), backoff_s=backoff)
-        self.stopped.wait(backoff)
+    def _retry(self, error: Exception, backoff: float, started: float) -> float:
+        """Wait before the next attempt; returns the backoff for the one after."""
+        if time.monotonic() - started >= HEALTHY_S:
+            backoff = BACKOFF_S
+        wait = backoff * random.uniform(0.8, 1.2)
+        log.warning("watch failed; retrying", resource=self.name, error=str(error), backoff_s=round(wait, 2))
+        self.stopped.wait(wait)
+        return min(backoff * 2, MAX_BACKOFF_S)
 
     def list(self) -> None:
         items: list[JSON] = []

@@ -11,6 +11,7 @@ partly running one it stops the leftovers and starts afresh on the same etcd dat
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +203,27 @@ class LocalCluster:
         with locked(self.layout):
             self._restart_scheduler(self._require_record(), settings)
 
+    def restart_apiserver(self, *, crash: bool = True, down_s: float = 0.0) -> None:
+        """Stop kube-apiserver (SIGKILL when ``crash``, as a crash would; else SIGTERM), keep it
+        down ``down_s`` seconds (an outage its clients must ride out), and start it again on the
+        same port with the same certificates and etcd, so every kubeconfig stays valid (fault
+        tests: benchmarks/chaos.py)."""
+        with locked(self.layout):
+            record = self._require_record()
+            old = record.components["kube-apiserver"]
+            if crash:
+                launched = self._handles.pop("kube-apiserver", None)
+                handle = launched.handle if launched and launched.pid == old.pid else None
+                process.kill(old.pid, Path(old.binary), handle=handle)
+                self._progress(f"killed kube-apiserver (pid {old.pid})")
+            else:
+                self._stop_component("kube-apiserver", old)
+            time.sleep(down_s)  # the outage itself, not a synchronisation
+            etcd, scheduler, kwok = (record.components[n].port for n in ("etcd", "kube-scheduler", "kwok"))
+            ports = Ports(etcd_client=etcd, etcd_peer=0, apiserver=old.port, scheduler=scheduler, kwok=kwok)
+            tokens = credentials.ensure_tokens(self.layout.token_file)
+            self._start_apiserver(record, Path(old.binary), ports, tokens)
+
     def status(self) -> ClusterStatus:
         """Return pids, ports and liveness of each component and the node counts."""
         record = load_record(self.layout)
@@ -291,7 +313,7 @@ class LocalCluster:
         try:
             tokens = self._prepare_files(record.apiserver_url)
             self._start_etcd(record, binaries, ports)
-            self._start_apiserver(record, binaries, ports, tokens)
+            self._start_apiserver(record, binaries.kube_apiserver, ports, tokens)
             self.layout.scheduler_config.write_text(settings.render(self.layout.scheduler_kubeconfig))
             self._launch_scheduler(record, binaries.kube_scheduler, ports.scheduler)
             kwok = kwok_argv(
@@ -337,9 +359,7 @@ class LocalCluster:
         )
         self._wait_healthy(record, "etcd", self.timeouts.etcd)
 
-    def _start_apiserver(
-        self, record: ClusterRecord, binaries: Binaries, ports: Ports, tokens: credentials.Tokens
-    ) -> None:
+    def _start_apiserver(self, record: ClusterRecord, binary: Path, ports: Ports, tokens: credentials.Tokens) -> None:
         files = ApiserverFiles(
             cert_dir=self.layout.pki,
             service_account_key=self.layout.service_account_key,
@@ -348,9 +368,9 @@ class LocalCluster:
         self._launch(
             record,
             "kube-apiserver",
-            binaries.kube_apiserver,
+            binary,
             ports.apiserver,
-            apiserver_argv(binaries.kube_apiserver, ports=ports, files=files, options=self.options),
+            apiserver_argv(binary, ports=ports, files=files, options=self.options),
         )
         self._wait_healthy(record, "kube-apiserver", self.timeouts.apiserver)
         # /readyz can pass before the system-namespaces controller has made "default".

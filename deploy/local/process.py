@@ -132,6 +132,20 @@ def stop(
     return True
 
 
+def kill(pid: int, binary: Path, *, handle: subprocess.Popen[bytes] | None = None) -> bool:
+    """SIGKILL a component's process group at once, as a crash would (fault tests), and wait
+    until it is gone. Returns False if nothing was running under ``pid``."""
+    if not is_running(pid, binary):
+        _wait_handle(handle)
+        return False
+    _signal_group(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while is_running(pid, binary) and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS)
+    _wait_handle(handle)
+    return True
+
+
 def _wait_handle(handle: subprocess.Popen[bytes] | None) -> None:
     # Collect the exit status so Popen does not warn about a child it never waited for.
     if handle is not None:
