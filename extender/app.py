@@ -269,7 +269,8 @@ class Extender:
         return all(r.listed.is_set() for r in self.reflectors)
 
     def ready(self) -> bool:
-        dead = self.notifier.alive()
+        dead = self.notifier.dead_threads() + [t.name for t in self._threads if not t.is_alive()]
+        self.metrics.dead_threads.set(len(dead))
         if dead:
             log.error("writer threads died", threads=dead)
         nodes, pods = self.cache.counts()

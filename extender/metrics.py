@@ -36,6 +36,11 @@ class Metrics:
         self.cache_objects = Gauge(
             "phalanx_cache_objects", "Objects in the watch cache.", ["kind"], registry=self.registry
         )
+        self.dead_threads = Gauge(
+            "phalanx_dead_threads",
+            "Background threads (event and status writers) that have stopped; above 0 readiness fails.",
+            registry=self.registry,
+        )
         self.solve_seconds = Histogram(
             "phalanx_solver_seconds", "Solver time per plan.", buckets=LATENCY_BUCKETS, registry=self.registry
         )

@@ -49,7 +49,7 @@ class Notifier:
         self.reporter = threading.Thread(target=self._report_loop, name="object-reports", daemon=True)
         self.reporter.start()
 
-    def alive(self) -> list[str]:
+    def dead_threads(self) -> list[str]:
         """The names of the writer threads that are not running (none, unless a bug killed one:
         their loops catch every exception)."""
         return [t.name for t in (self.thread, self.reporter, *self.nudgers) if not t.is_alive()]

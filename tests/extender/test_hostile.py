@@ -175,3 +175,25 @@ def test_thirty_two_half_gpu_pods_never_fit_on_eight_gpus_with_a_forged_record()
         if ext.verbs.filter({"Pod": half, "NodeNames": ["n0"]})["NodeNames"] and not bind(ext, f"h{i}", "n0")["Error"]:
             bound += 1
     assert bound == 14  # 7 free GPUs x 2 halves: the forged pod holds one
+
+
+def test_the_status_writer_survives_any_error_and_goes_on() -> None:
+    """During an API server outage urllib3 raises errors that are not OSError; the writer
+    thread once died of one and no status or event was written again."""
+    ext = extender_on([node("n0")], [])
+    kube = ext.binder.kube
+    assert isinstance(kube, FakeKube)
+    real = kube.request
+    failures = [RuntimeError("MaxRetryError stand-in"), KeyError("metadata")]
+
+    def flaky(method: str, path: str, **kw: Any) -> Any:
+        if path.endswith("/events") and failures:
+            raise failures.pop(0)
+        return real(method, path, **kw)
+
+    kube.request = flaky  # type: ignore[method-assign]
+    for i in range(3):
+        ext.notifier.report({"kind": "Pod", "metadata": {"name": f"p{i}", "uid": f"u{i}"}}, "Test", f"message {i}")
+    assert reported(ext, "Test", "message 2")
+    assert ext.notifier.dead_threads() == []
+    assert ext.ready()
