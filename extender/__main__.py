@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import signal
 import threading
 from pathlib import Path
@@ -11,7 +13,22 @@ from extender.app import Extender, Options
 from extender.kube import RestKube
 
 
+M_ARENA_MAX = -8  # glibc mallopt parameter
+ARENAS = 2
+
+
+def _few_malloc_arenas() -> None:
+    """At most two glibc malloc arenas (as MALLOC_ARENA_MAX=2 would, but wherever the process
+    runs). glibc gives each thread that allocates concurrently an arena of its own and never
+    hands their peaks back: after a burst of hostile requests on a few hundred threads the
+    extender stayed 120-150 MiB larger; with two arenas, 24 MiB. Set before any thread starts.
+    A no-op off glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, ARENAS)
+
+
 def main() -> None:
+    _few_malloc_arenas()
     ap = argparse.ArgumentParser(prog="python -m extender", description=__doc__)
     ap.add_argument("--kubeconfig", help="kubeconfig file; in-cluster service account when omitted")
     ap.add_argument("--host", default="127.0.0.1", help="listen address (a sidecar listens on loopback)")

@@ -78,7 +78,7 @@ class WorkloadTypes:
                     changed |= self._hide(key)
                     continue
                 try:
-                    wt = WorkloadType.from_body(_load(text))
+                    wt = WorkloadType.from_body(_load(text), timed=False)  # timed when POSTed
                 except (InvalidDefinition, yaml.YAMLError, ValueError, RecursionError) as e:
                     self.warn(f"ConfigMap {self.namespace}/{self.configmap} key {key}: {e}")
                     continue
