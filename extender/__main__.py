@@ -12,7 +12,6 @@ from pathlib import Path
 from extender.app import Extender, Options
 from extender.kube import RestKube
 
-
 M_ARENA_MAX = -8  # glibc mallopt parameter
 ARENAS = 2
 
