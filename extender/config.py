@@ -2,7 +2,9 @@
 
 Validated with pydantic at the boundary and resolved into solver parameters here, so the
 solver never sees a flag. An invalid update is rejected whole, with every error and the field
-it concerns; the last good configuration stays active.
+it concerns; the last good configuration stays active. Past 400 lines on purpose: it is the
+configuration reference, every field with its description, unit, bounds and cross-field rules,
+in one schema.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ request runs in its own thread, so a bind that waits never blocks a filter. One 
 (`Server.routes`, built in `__init__`) maps method and path to a handler; malformed input gets
 400 with a message, an internal fault 500; nothing a client sends can stop the server.
 Per-call logging is the handlers' own (one debug line per verb call), not the server's.
+Past 400 lines on purpose: the route table and the framing limits of one HTTP/1.1 connection
+are one concern, what a client can make this process do; split, each half would need the other.
 
 Every client is bounded (`Limits`): the body size per route (413), the time to read one
 request once its first byte arrives (408, then the connection is dropped: a client that

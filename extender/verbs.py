@@ -7,7 +7,8 @@ a stream of identical pods costs a dictionary lookup per node. Gang members are 
 the gang manager. Every answer is a typed `Verdict` (extender/outcomes.py) mapped to one reply
 field: `FailedNodes` where a change (or preemption) may help, `FailedAndUnresolvableNodes`
 where nothing can; internal faults go to `Error`. Sharing state (target workload, packer)
-lives in extender/sharing.py.
+lives in extender/sharing.py. Just past 400 lines: the four verbs share the parsed-pod cache,
+the shape memo and the reply mapping; the pure parts live in scoring.py, memo.py and wire.py.
 """
 
 from __future__ import annotations
