@@ -385,7 +385,10 @@ class GangManager:
                 return state.preemption[1]
         snapshot = self.cache.snapshot_without(lambda p: p.priority < pod.priority)
         ask = requests.request(snapshot, entry, hardware=self.cache.hardware, pool_models=self.cache.pool_models)
-        helps = solver.plan(snapshot, [ask], params=self.params()).gangs[0].outcome is Outcome.PLACED
+        try:
+            helps = solver.plan(snapshot, [ask], params=self.params()).gangs[0].outcome is Outcome.PLACED
+        except (ValueError, KeyError, IndexError):  # a request the solver rejects: no eviction helps
+            helps = False
         with self.lock:
             state.preemption = (memo, helps)
         if not helps:

@@ -44,6 +44,7 @@ class Notifier:
             t.start()
         self.reports: queue.Queue[tuple[dict[str, Any], str, str]] = queue.Queue(maxsize=10_000)
         self._reported: dict[tuple[str, str], None] = {}  # (uid, message) already reported, oldest first
+        self._reported_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="gang-notify", daemon=True)
         self.thread.start()
         self.reporter = threading.Thread(target=self._report_loop, name="object-reports", daemon=True)
@@ -58,11 +59,12 @@ class Notifier:
         """A Warning Event on `obj` (a Kubernetes object or a reference with kind, apiVersion
         and metadata), once per (uid, message). Safe to call under any lock: it only queues."""
         key = ((obj.get("metadata") or {}).get("uid", "") or str((obj.get("metadata") or {}).get("name")), message)
-        if key in self._reported:
-            return
-        self._reported[key] = None
-        if len(self._reported) > 50_000:
-            self._reported.pop(next(iter(self._reported)))
+        with self._reported_lock:
+            if key in self._reported:
+                return
+            self._reported[key] = None
+            if len(self._reported) > 50_000:
+                self._reported.pop(next(iter(self._reported)))
         try:
             self.reports.put_nowait((obj, reason, message))
         except queue.Full:
