@@ -209,7 +209,9 @@ class LocalCluster:
         same port with the same certificates and etcd, so every kubeconfig stays valid (fault
         tests: benchmarks/chaos.py)."""
         with locked(self.layout):
-            record = self._require_record()
+            record = load_record(self.layout)  # no health probe first: a crash strikes at once
+            if record is None or "kube-apiserver" not in record.components:
+                raise RuntimeError(f"cluster {self.name!r} is not running (state: {self.state_dir})")
             old = record.components["kube-apiserver"]
             if crash:
                 launched = self._handles.pop("kube-apiserver", None)
