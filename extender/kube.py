@@ -28,6 +28,12 @@ class ApiError(Exception):
         self.body = body
 
 
+class Unreachable(OSError):
+    """The API server could not be reached, or dropped the connection mid-answer. urllib3's
+    transport errors (MaxRetryError, ProtocolError) are not OSError; this one is, so every caller
+    that treats OSError as transient (the binder's retry, event writers) treats these so too."""
+
+
 class Expired(Exception):
     """410 Gone: the resourceVersion is too old; the watcher must re-list."""
 
@@ -93,28 +99,40 @@ class RestKube:
         if body is not None:
             headers["Content-Type"] = content_type
             data = orjson.dumps(body)
-        r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
+        try:
+            r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
+        except urllib3.exceptions.HTTPError as e:
+            raise Unreachable(f"{method} {path}: {e}") from e
         return Response(r.status, _decode(r.data))
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
         """Watch events, one decoded JSON object per line, until the server closes."""
         url = f"{self.host}{path}?{urlencode(query)}"
         timeout = urllib3.Timeout(connect=5, read=float(query.get("timeoutSeconds", "300")) + 30)
-        r = self.pool.request("GET", url, headers=self.headers, preload_content=False, timeout=timeout)
+        try:
+            r = self.pool.request("GET", url, headers=self.headers, preload_content=False, timeout=timeout)
+        except urllib3.exceptions.HTTPError as e:
+            raise Unreachable(f"watch {path}: {e}") from e
         try:
             if r.status == 410:
                 raise Expired(path)
             if r.status >= 300:
                 raise ApiError(r.status, r.data[:500], f"watch {path}")
-            buffer = b""
-            for chunk in r.stream(65536):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield orjson.loads(line)
+            yield from _lines(r)
+        except urllib3.exceptions.HTTPError as e:  # e.g. "Response ended prematurely": the server died
+            raise Unreachable(f"watch {path}: {e}") from e
         finally:
             r.release_conn()
+
+
+def _lines(r: urllib3.BaseHTTPResponse) -> Iterator[JSON]:
+    buffer = b""
+    for chunk in r.stream(65536):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield orjson.loads(line)
 
 
 def _decode(data: bytes) -> Any:
