@@ -33,7 +33,14 @@ from extender.dynamic_watch import DynamicWatches
 from extender.gangs.manager import GangManager
 from extender.gangs.notify import Notifier
 from extender.gangs.ri_source import RISource
-from extender.gangs.sources import COSCHEDULING_POD_GROUP, NATIVE_POD_GROUP, WORKLOAD, GangObjects
+from extender.gangs.sources import (
+    COSCHEDULING_POD_GROUP,
+    KAI_POD_GROUP,
+    NATIVE_POD_GROUP,
+    VOLCANO_POD_GROUP,
+    WORKLOAD,
+    GangObjects,
+)
 from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
 from extender.objects import PodInfo
@@ -110,6 +117,8 @@ class Extender:
                     COSCHEDULING_POD_GROUP,
                     "podgroups.scheduling.x-k8s.io",
                 ),
+                ("/apis/scheduling.volcano.sh/v1beta1/podgroups", VOLCANO_POD_GROUP, "podgroups.scheduling.volcano.sh"),
+                ("/apis/scheduling.run.ai/v2alpha2/podgroups", KAI_POD_GROUP, "podgroups.scheduling.run.ai"),
             )
         ]
         self.config_reflector = Reflector(

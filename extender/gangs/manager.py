@@ -46,7 +46,7 @@ from extender.gangs.requests import Entry, Members
 from extender.gangs.ri_source import PREFIX as RI_PREFIX
 from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
 from extender.gangs.ri_source import RISource
-from extender.gangs.sources import GangObjects, GangSpec, Resolution, resolve
+from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve
 from extender.objects import PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
 from solver import ClusterSnapshot, DeviceAssignment, GangPlan, GangRequest, Outcome, PlanResult, SolverParams
@@ -460,7 +460,7 @@ class GangManager:
     def definition_changed(self, namespace: str, name: str) -> None:
         """A Workload or PodGroup changed: its waiting members are re-evaluated now (they may
         have been parked by kube-scheduler for lack of quorum or of a definition)."""
-        prefixes = [f"{kind}:{namespace}/{name}" for kind in ("wl", "pg", "cs", "ri")]
+        prefixes = [f"{kind}:{namespace}/{name}" for kind in DEFINITION_PREFIXES]
         keys = [k for k in self.membership.gang_keys() if any(k == p or k.startswith(p + "/") for p in prefixes)]
         for key in keys:
             for pod in self.membership.member_pods(key):

@@ -40,7 +40,11 @@ class Membership:
         if either is None:
             return
         active = new is not None and new.active
-        key = gang_key(new.namespace, new.labels, new.scheduling_group) if new is not None and active else ""
+        key = (
+            gang_key(new.namespace, new.labels, new.scheduling_group, new.annotations)
+            if new is not None and active
+            else ""
+        )
         deferred = new is not None and active and not key and self.ri is not None and bool(new.owners)
         with self._lock:
             self._unkeyed.pop(either.uid, None)
@@ -76,7 +80,7 @@ class Membership:
 
     def key(self, pod: PodInfo) -> str:
         """The pod's gang key from its own fields ("" for a pod of no gang)."""
-        key = gang_key(pod.namespace, pod.labels, pod.scheduling_group)
+        key = gang_key(pod.namespace, pod.labels, pod.scheduling_group, pod.annotations)
         if not key and self.ri is not None:
             key = self.ri.key(pod)
         return key

@@ -9,6 +9,13 @@ A pod joins a gang through one of:
    `spec.schedulingConstraints.topology[0].key`.
 3. scheduler-plugins PodGroup (`scheduling.x-k8s.io/v1alpha1`): label
    `scheduling.x-k8s.io/pod-group=<name>`; `spec.minMember`, `spec.scheduleTimeoutSeconds`.
+4. Volcano PodGroup (`scheduling.volcano.sh/v1beta1`): pod annotation
+   `scheduling.k8s.io/group-name=<name>` (as Volcano's job controller writes it); `spec.minMember`.
+5. KAI-Scheduler PodGroup (`scheduling.run.ai/v2alpha2`): pod annotation `pod-group-name=<name>`
+   (as KAI's pod grouper writes it); `spec.minMember`, `spec.topologyConstraint`'s
+   `requiredTopologyLevel` / `preferredTopologyLevel`.
+So users of those schedulers switch without rewriting their workloads. `minResources` and
+`queue` are not read (queues are their own issue).
 KAI-style pod annotations `kai.scheduler/topology-required-placement` and
 `kai.scheduler/topology-preferred-placement` add topology to a gang that has none of its own.
 
@@ -19,6 +26,7 @@ which gang it belongs to and that gang's spec, or why the definition is not usab
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,12 +38,18 @@ WORKLOAD_LABEL = "phalanx.io/workload"
 GROUP_LABEL = "phalanx.io/gang-group"
 REPLICA_LABEL = "phalanx.io/gang-replica"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+KAI_ANNOTATION = "pod-group-name"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
 KAI_PREFERRED = "kai.scheduler/topology-preferred-placement"
 
 WORKLOAD = ("phalanx.io", "Workload")
 NATIVE_POD_GROUP = ("scheduling.k8s.io", "PodGroup")
 COSCHEDULING_POD_GROUP = ("scheduling.x-k8s.io", "PodGroup")
+VOLCANO_POD_GROUP = ("scheduling.volcano.sh", "PodGroup")
+KAI_POD_GROUP = ("scheduling.run.ai", "PodGroup")
+#: Key prefixes of gangs whose definition is one object named like the gang ("<prefix>:ns/name").
+DEFINITION_PREFIXES = ("wl", "pg", "cs", "vc", "kai", "ri")
 
 DEFAULT_TIMEOUT_S = 60
 
@@ -108,10 +122,14 @@ def resolve(
             res = _native(objects, namespace, scheduling_group)
         elif COSCHEDULING_LABEL in labels:
             res = _coscheduling(objects, namespace, labels[COSCHEDULING_LABEL])
+        elif annotations.get(VOLCANO_ANNOTATION):
+            res = _volcano(objects, namespace, annotations[VOLCANO_ANNOTATION])
+        elif annotations.get(KAI_ANNOTATION):
+            res = _kai(objects, namespace, annotations[KAI_ANNOTATION])
         else:
             return None
     except (ValueError, TypeError, AttributeError, OverflowError) as e:
-        key = gang_key(namespace, labels, scheduling_group)
+        key = gang_key(namespace, labels, scheduling_group, annotations)
         return Resolution(key, None, f"invalid gang definition for {key}: {type(e).__name__}: {e}"[:512])
     if res.spec is not None and not res.spec.topology.any:
         kai = kai_topology(annotations)
@@ -134,7 +152,9 @@ def _owner(obj: JSON, api_version: str, kind: str) -> JSON:
     }
 
 
-def gang_key(namespace: str, labels: dict[str, str], scheduling_group: str) -> str:
+def gang_key(
+    namespace: str, labels: Mapping[str, str], scheduling_group: str, annotations: Mapping[str, str] | None = None
+) -> str:
     """The gang a pod belongs to, from its own fields alone ("" for none): what the manager
     indexes members by before any definition is read."""
     if WORKLOAD_LABEL in labels:
@@ -144,6 +164,11 @@ def gang_key(namespace: str, labels: dict[str, str], scheduling_group: str) -> s
         return f"pg:{namespace}/{scheduling_group}"
     if COSCHEDULING_LABEL in labels:
         return f"cs:{namespace}/{labels[COSCHEDULING_LABEL]}"
+    annotations = annotations or {}
+    if annotations.get(VOLCANO_ANNOTATION):
+        return f"vc:{namespace}/{annotations[VOLCANO_ANNOTATION]}"
+    if annotations.get(KAI_ANNOTATION):
+        return f"kai:{namespace}/{annotations[KAI_ANNOTATION]}"
     return ""
 
 
@@ -235,5 +260,51 @@ def _coscheduling(objects: GangObjects, namespace: str, name: str) -> Resolution
             count=0,
             timeout_s=int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
             topology=TopologyRequest(),
+        ),
+    )
+
+
+def _volcano(objects: GangObjects, namespace: str, name: str) -> Resolution:
+    key = f"vc:{namespace}/{name}"
+    obj = objects.get(VOLCANO_POD_GROUP, namespace, name)
+    if obj is None:
+        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.volcano.sh)")
+    spec = obj.get("spec") or {}
+    return Resolution(
+        key,
+        GangSpec(
+            key=key,
+            namespace=namespace,
+            source=VOLCANO_POD_GROUP,
+            owner=_owner(obj, "scheduling.volcano.sh/v1beta1", "PodGroup"),
+            min_count=int(spec.get("minMember") or 1),
+            count=0,
+            timeout_s=DEFAULT_TIMEOUT_S,
+            topology=TopologyRequest(),
+        ),
+    )
+
+
+def _kai(objects: GangObjects, namespace: str, name: str) -> Resolution:
+    key = f"kai:{namespace}/{name}"
+    obj = objects.get(KAI_POD_GROUP, namespace, name)
+    if obj is None:
+        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.run.ai)")
+    spec = obj.get("spec") or {}
+    constraint = spec.get("topologyConstraint") or {}
+    return Resolution(
+        key,
+        GangSpec(
+            key=key,
+            namespace=namespace,
+            source=KAI_POD_GROUP,
+            owner=_owner(obj, "scheduling.run.ai/v2alpha2", "PodGroup"),
+            min_count=int(spec.get("minMember") or 1),
+            count=0,
+            timeout_s=DEFAULT_TIMEOUT_S,
+            topology=TopologyRequest(
+                required=str(constraint.get("requiredTopologyLevel") or ""),
+                preferred=str(constraint.get("preferredTopologyLevel") or ""),
+            ),
         ),
     )

@@ -23,7 +23,18 @@ from tests.e2e.test_extender import wait
 pytestmark = pytest.mark.e2e
 
 NS = "default"
-CRDS = ["config/crds/phalanx.io_workloads.yaml", "config/crds/scheduling.x-k8s.io_podgroups.yaml"]
+CRDS = [
+    "config/crds/phalanx.io_workloads.yaml",
+    "config/crds/scheduling.x-k8s.io_podgroups.yaml",
+    "config/crds/scheduling.volcano.sh_podgroups.yaml",
+    "config/crds/scheduling.run.ai_podgroups.yaml",
+]
+APIS = [
+    "/apis/phalanx.io/v1alpha1/workloads",
+    "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
+    "/apis/scheduling.volcano.sh/v1beta1/podgroups",
+    "/apis/scheduling.run.ai/v2alpha2/podgroups",
+]
 BLOCK, RACK = "topology.phalanx.io/block", "topology.phalanx.io/rack"
 
 
@@ -37,7 +48,7 @@ def kube(cluster: LocalCluster) -> RestKube:
             body=yaml.safe_load(Path(path).read_text()),
         )
         assert r.status in (201, 409), r.body
-    for api in ("/apis/phalanx.io/v1alpha1/workloads", "/apis/scheduling.x-k8s.io/v1alpha1/podgroups"):
+    for api in APIS:
         wait(f"{api} served", lambda api=api: k.request("GET", api).status == 200)
     return k
 
@@ -223,6 +234,36 @@ def test_a_native_scheduling_k8s_io_pod_group_gang(extender: dict[str, Extender]
     placed = wait("native gang bound", lambda: (b := bound(kube, "group=native")) and len(b) == 4 and b)
     assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
     delete_pods(kube, "group=native")
+
+
+@pytest.mark.parametrize(
+    ("api", "annotation", "spec"),
+    [
+        ("scheduling.volcano.sh/v1beta1", "scheduling.k8s.io/group-name", {"minMember": 3, "queue": "default"}),
+        (
+            "scheduling.run.ai/v2alpha2",
+            "pod-group-name",
+            {"minMember": 3, "topologyConstraint": {"requiredTopologyLevel": RACK}},
+        ),
+    ],
+    ids=["a Volcano PodGroup gang", "a KAI PodGroup gang with its required rack"],
+)
+def test_other_schedulers_pod_groups_are_placed_whole(
+    extender: dict[str, Extender], kube: RestKube, api: str, annotation: str, spec: dict[str, Any]
+) -> None:
+    name = api.split(".")[1]  # volcano / run
+    group = {"apiVersion": api, "kind": "PodGroup", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+    r = kube.request("POST", f"/apis/{api}/namespaces/{NS}/podgroups", body=group)
+    assert r.status == 201, r.body
+    try:
+        for i in range(3):
+            member(kube, f"{name}-{i}", {"peer": name}, annotations={annotation: name})
+        placed = wait(f"{name} gang bound", lambda: (b := bound(kube, f"peer={name}")) and len(b) == 3 and b)
+        if "requiredTopologyLevel" in str(spec):
+            assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
+    finally:
+        delete_pods(kube, f"peer={name}")
+        kube.request("DELETE", f"/apis/{api}/namespaces/{NS}/podgroups/{name}")
 
 
 def test_a_coscheduling_pod_group_with_kai_topology_annotations(extender: dict[str, Extender], kube: RestKube) -> None:

@@ -14,7 +14,9 @@ from extender.eligibility import matches
 from extender.gangs.manager import GANG_TIMEOUT, WAITING_QUORUM, GangManager
 from extender.gangs.sources import (
     COSCHEDULING_POD_GROUP,
+    KAI_POD_GROUP,
     NATIVE_POD_GROUP,
+    VOLCANO_POD_GROUP,
     WORKLOAD,
     GangObjects,
     gang_key,
@@ -70,6 +72,42 @@ def test_workload_members_resolve_to_the_group_with_counts_timeout_and_topology(
 def test_a_missing_definition_is_a_reason_not_an_error() -> None:
     res = resolve(GangObjects(), "default", {"phalanx.io/workload": "later"}, {}, "")
     assert res is not None and res.spec is None and res.reason == "waiting for Workload default/later"
+
+
+@pytest.mark.parametrize(
+    ("case", "kind", "annotation", "spec", "want"),
+    [
+        (
+            "a Volcano PodGroup named by scheduling.k8s.io/group-name",
+            VOLCANO_POD_GROUP,
+            "scheduling.k8s.io/group-name",
+            {"minMember": 4, "queue": "q"},
+            ("vc:ns/pg", 4, "", ""),
+        ),
+        (
+            "a KAI PodGroup named by pod-group-name, with its topology levels",
+            KAI_POD_GROUP,
+            "pod-group-name",
+            {
+                "minMember": 3,
+                "topologyConstraint": {"requiredTopologyLevel": "block", "preferredTopologyLevel": "rack"},
+            },
+            ("kai:ns/pg", 3, "block", "rack"),
+        ),
+    ],
+)
+def test_other_schedulers_pod_groups_are_gangs(
+    case: str, kind: tuple[str, str], annotation: str, spec: dict[str, Any], want: tuple[str, int, str, str]
+) -> None:
+    objects = GangObjects()
+    assert gang_key("ns", {}, "", {annotation: "pg"}) == want[0]
+    missing = resolve(objects, "ns", {}, {annotation: "pg"}, "")
+    assert missing is not None and missing.spec is None and "waiting for PodGroup ns/pg" in missing.reason, case
+    objects.replace(kind, [{"metadata": {"name": "pg", "namespace": "ns"}, "spec": spec}])
+    res = resolve(objects, "ns", {}, {annotation: "pg"}, "")
+    assert res is not None and res.spec is not None
+    topo = res.spec.topology
+    assert (res.key, res.spec.min_count, topo.required, topo.preferred) == want, case
 
 
 def test_replicated_gangs_are_separate_gangs() -> None:
