@@ -29,6 +29,10 @@ OnEvent = Callable[[str, JSON], None]
 BACKOFF_S = 0.5  # first retry after a failure
 MAX_BACKOFF_S = 5.0  # cheap to poll a refused connection; long waits only delay recovery
 HEALTHY_S = 10.0  # a list-and-watch that lasted this long was healthy: reset the backoff
+# How often an optional API that is not served (a CRD not installed yet) is asked for again: a
+# 404 costs the API server nothing, and the gap is added to the time a gang created with its
+# CRD waits (10 s here made 4 creation orders bind in 7-9 s instead of under 1 s).
+ABSENT_POLL_S = 2.0
 
 
 class Reflector:
@@ -87,7 +91,7 @@ class Reflector:
                         log.info("API not served; polling for it", resource=self.name)
                         self._absent_logged = True
                     need_list = True
-                    self.stopped.wait(10)
+                    self.stopped.wait(ABSENT_POLL_S)
                     continue
                 backoff = self._retry(e, backoff, started)
                 need_list = need_list or e.status in (401, 403, 404)
