@@ -14,6 +14,7 @@ and renamed without touching the Kubernetes side.
 - MIG profile tables: `MigTable`, `load_tables`.
 """
 
+from solver.admit import INVALID_REQUEST
 from solver.capacity import DeviceState
 from solver.fit import fits
 from solver.frag import WorkloadClass, demand_of, placement_delta, workload_classes, workload_drift
@@ -42,7 +43,7 @@ from solver.model import (
     TopologyRequest,
 )
 from solver.packing import Packer, PackingPlan
-from solver.params import PlacementMode, SolverParams
+from solver.params import PlacementMode, SolverParams, UnlabeledNodes
 from solver.plan import plan
 from solver.preference import NodeState
 from solver.single import reason as unfit_reason
@@ -50,6 +51,7 @@ from solver.single import score as node_score
 
 __all__ = [
     "FULL_SHARE",
+    "INVALID_REQUEST",
     "Assignment",
     "ClusterSnapshot",
     "DeviceAssignment",
@@ -77,6 +79,7 @@ __all__ = [
     "SolveStatus",
     "SolverParams",
     "TopologyRequest",
+    "UnlabeledNodes",
     "WorkloadClass",
     "demand_of",
     "fits",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from solver.greedy import place_gang
 from solver.ledger import Ledger
+from solver.lexfloor import pair_floor
 from solver.placement import Member, Selection, domain_caps, gang_order, live_caps, pick_nodes, take_selection
 from solver.problem import GangProblem, Problem
 from solver.topology import TopologyIndex
@@ -98,11 +99,40 @@ def scope_floors(topo: TopologyIndex, gp: GangProblem) -> list[ScopeFloor]:
 
 
 def floors(topo: TopologyIndex, gp: GangProblem) -> dict[int, int] | None:
-    """Per counted level, the fewest domains any placement of the gang can use."""
-    feasible = [f.least for f in scope_floors(topo, gp) if f.least is not None]
-    if not feasible:
+    """Per counted level, the fewest domains a lexicographically best placement of the gang
+    uses: per level on its own, and for the second counted level the fewest given the
+    fewest of the first (`lexfloor.pair_floor`)."""
+    per_scope = [f for f in scope_floors(topo, gp) if f.least is not None]
+    if not per_scope:
         return None
-    return {lv: min(f[lv] for f in feasible) for lv in gp.counted_levels}
+    least = {lv: min(f.least[lv] for f in per_scope if f.least) for lv in gp.counted_levels}
+    upper = _upper_level(topo, gp)
+    if upper is not None:
+        # A best placement lies in a scope using the fewest upper domains; given that many,
+        # it uses at least the fewest children any such scope allows.
+        totals = domain_caps(topo, gp, _summed_caps(gp))
+        tight = [f.roots for f in per_scope if f.least and f.least[upper] == least[upper]]
+        pairs = [pair_floor(topo, domains_at(topo, roots, upper), gp.request.quorum, totals) for roots in tight]
+        lowers = [p.lower for p in pairs if p is not None]
+        if lowers and len(lowers) == len(pairs):
+            least[upper + 1] = max(least[upper + 1], min(lowers))
+    return least
+
+
+def _upper_level(topo: TopologyIndex, gp: GangProblem) -> int | None:
+    """The first counted level when the second one is above hosts too, else None."""
+    levels = gp.counted_levels
+    if len(levels) < 2 or levels[1] >= topo.above or levels[1] != levels[0] + 1:
+        return None
+    return levels[0]
+
+
+def _summed_caps(gp: GangProblem) -> dict[int, int]:
+    node_caps: dict[int, int] = {}
+    for group in gp.groups:
+        for n, c in group.node_caps.items():
+            node_caps[n] = node_caps.get(n, 0) + c
+    return node_caps
 
 
 def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[Member] | None:
@@ -117,13 +147,21 @@ def compact_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[M
     # Slice levels are walked too, so every slice lands whole inside one domain.
     levels = sorted({*gp.counted_levels, *(s.level for s in gp.slices), topo.host_level})
     slice_levels = {s.level for s in gp.slices}
+    upper = _upper_level(topo, gp) if not gp.slices else None
     for roots in scopes(topo, gp):
-        selection = _cover(topo, levels, slice_levels, roots, 0, need, dcaps, live)
-        if selection is None:
-            continue
-        score = _counts(topo, gp, selection)
-        if best is None or score < best[0]:
-            best = (score, selection)
+        tries = [_cover(topo, levels, slice_levels, roots, 0, need, dcaps, live)]
+        if upper is not None:
+            # The upper domains whose children hold the gang in the fewest (lexfloor.py).
+            pair = pair_floor(topo, domains_at(topo, roots, upper), need, dcaps)
+            if pair is not None:
+                depth = levels.index(upper + 1)
+                tries.append(_cover(topo, levels, slice_levels, list(pair.chosen), depth, need, dcaps, live))
+        for selection in tries:
+            if selection is None:
+                continue
+            score = _counts(topo, gp, selection)
+            if best is None or score < best[0]:
+                best = (score, selection)
     if best is None:
         return None
     ledger.begin()

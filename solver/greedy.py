@@ -5,8 +5,10 @@ and as the comparison in tests and benchmarks ("the solver is at least as compac
 
 Per gang, in priority order:
 1. Pick the starting domain: with a required level, the tightest domain of that level that
-   holds the gang; otherwise the tightest domain at the preferred level, moving one level up
-   each time none holds it; above the top level the gang spreads over top-level domains.
+   holds the gang (a gang of several groups tries each domain that holds every group, so a
+   leader never confines its workers to a domain too small for them); otherwise the
+   tightest domain at the preferred level, moving one level up each time none holds it;
+   above the top level the gang spreads over top-level domains.
 2. Descend: if one child holds what is left, take the tightest such child; otherwise take
    the largest child and repeat. Capacities are counted in whole slices when slices apply.
 3. Inside a unit, nodes go largest capacity first, the last one tightest-fit; equal
@@ -36,13 +38,39 @@ def greedy(problem: Problem, ledger: Ledger) -> dict[int, list[Member]]:
 
 def place_gang(topo: TopologyIndex, gp: GangProblem, ledger: Ledger) -> list[Member] | None:
     for counts in _targets(gp):
-        ledger.begin()
-        members = _place_counts(topo, gp, counts, ledger)
-        if members is not None:
-            ledger.commit()
-            return members
-        ledger.rollback()
+        for scope in _scopes(topo, gp, counts, ledger):
+            ledger.begin()
+            members = _place_counts(topo, gp, counts, ledger, scope)
+            if members is not None:
+                ledger.commit()
+                return members
+            ledger.rollback()
     return None
+
+
+# Domains of the required level a multi-group gang tries, tightest first: enough to find one
+# that holds every group in practice, few enough to bound the time of a gang that fits none
+# (the CP-SAT model searches them all).
+MAX_SCOPES = 128
+
+
+def _scopes(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledger: Ledger) -> list[int | None]:
+    """Where to place a gang with a required level: for one group, [None] (the group picks
+    its tightest domain). For several groups, every domain of the required level (nodes for
+    the host level) that holds each group on its own, tightest first, so the gang is placed in
+    a domain that holds it whole and the order of the groups never decides feasibility."""
+    wanted = [(caps, need) for caps, need in zip(gp.groups, counts, strict=True) if need > 0]
+    if len(wanted) < 2 or gp.required_level < 0:
+        return [None]
+    per_group = [(live_caps(caps, ledger), need) for caps, need in wanted]
+    if gp.required_level == topo.host_level:
+        hosts = [n for n in sorted(per_group[0][0]) if all(live.get(n, 0) >= need for live, need in per_group)]
+        hosts.sort(key=lambda n: (sum(live[n] for live, _ in per_group), n))
+        return list(hosts[:MAX_SCOPES])
+    held = [(domain_caps(topo, gp, live), need) for live, need in per_group]
+    domains = [d for d in topo.levels_of[gp.required_level] if all(c.get(d, 0) >= need for c, need in held)]
+    domains.sort(key=lambda d: (sum(c[d] for c, _ in held), topo.domains[d].path))
+    return list(domains[:MAX_SCOPES])
 
 
 def _targets(gp: GangProblem) -> list[list[int]]:
@@ -62,19 +90,24 @@ def _targets(gp: GangProblem) -> list[list[int]]:
     return out
 
 
-def _place_counts(topo: TopologyIndex, gp: GangProblem, counts: list[int], ledger: Ledger) -> list[Member] | None:
+def _place_counts(
+    topo: TopologyIndex, gp: GangProblem, counts: list[int], ledger: Ledger, scope: int | None
+) -> list[Member] | None:
+    """Every group's pods, inside `scope` (a domain of the required level, or the node for
+    the host level) when given; otherwise inside the domain the first group chooses."""
     members: list[Member] = []
-    scope = None
+    one_host = gp.required_level == topo.host_level
     for caps, need in zip(gp.groups, counts, strict=True):
         if need == 0:
             continue
         live = live_caps(caps, ledger)
-        if gp.required_level == topo.host_level and members:
-            live = {n: c for n, c in live.items() if n == members[0].node}
-        selection = select(topo, gp, live, need, scope)
+        if one_host and (scope is not None or members):
+            host = scope if scope is not None else members[0].node
+            live = {n: c for n, c in live.items() if n == host}
+        selection = select(topo, gp, live, need, None if one_host else scope)
         if selection is None:
             return None
-        if gp.required_level >= 0 and scope is None and gp.required_level < topo.host_level:
+        if gp.required_level >= 0 and scope is None and not one_host:
             # Later groups stay inside the domain the first group chose.
             scope = topo.ancestor(topo.unit_of[selection[0].node], gp.required_level)
         if not take_selection(ledger, caps, selection, members):
@@ -100,7 +133,7 @@ def select(
     if gp.required_level >= 0:
         start, stop = gp.required_level, gp.required_level
     else:
-        start, stop = min(gp.counted_levels[0], topo.above), 0
+        start, stop = min(gp.start_level, topo.above), 0
     if start >= topo.above:  # host-level start: one pool of nodes
         return pick_nodes(list(live), need, live)
     for level in range(start, stop - 1, -1):

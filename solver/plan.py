@@ -1,8 +1,12 @@
 """The solver's one entry point: `plan(snapshot, requests, params=...) -> PlanResult`.
 
 Algorithm, in phases:
-0. Prepare: the topology tree (zones > blocks > racks > hosts) and, per gang group, the exact
-   number of pods that fit on each node and each unit (rack).
+0. Admit and prepare: a request that makes no sense (an unknown level, a slice without a size
+   or coarser than the required level, minCount above the members) gets its own UNRESOLVABLE
+   answer (`admit.py`) and the others are planned without it. Then the topology tree (zones >
+   blocks > racks > hosts) and, per gang group, the exact number of pods that fit on each node
+   and each unit (rack); nodes missing a topology label are left out of gangs with a topology
+   request at or below it (`SolverParams.unlabeled_nodes`).
 1. Greedy: Kueue-style BestFit per level (`greedy.py`). Its plan is the CP-SAT hint and the
    fallback.
 2. Domains: the aggregated CP-SAT model (`cpsat.py`) chooses, for all gangs at once, which
@@ -22,12 +26,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import structlog
 
+from solver.admit import check
 from solver.compact import compact, floors
 from solver.cpsat import DomainModel, DomainSolution
-from solver.explain import explain
+from solver.explain import Explanation, explain
 from solver.greedy import greedy, place_gang
 from solver.ledger import Ledger
 from solver.model import (
@@ -65,7 +71,27 @@ def plan(
     started = time.perf_counter()
     requests = list(requests)
     topo = topology or TopologyIndex(snapshot)
-    problem = prepare(snapshot, requests, topo)
+    rejected = {i: why for i, r in enumerate(requests) if (why := check(topo, r)) is not None}
+    admitted = [r for i, r in enumerate(requests) if i not in rejected]
+    result = _plan(snapshot, admitted, params, topo, started)
+    return _with_rejected(requests, rejected, result) if rejected else result
+
+
+def _with_rejected(requests: list[GangRequest], rejected: dict[int, Explanation], result: PlanResult) -> PlanResult:
+    """The admitted gangs' plan with every rejected request answered in its place."""
+    planned = iter(result.gangs)
+    gangs = []
+    for i, r in enumerate(requests):
+        why = rejected.get(i)
+        gangs.append(next(planned) if why is None else GangPlan(r.name, why.outcome, explanation=why.message))
+    notes = (*result.notes, *(f"{requests[i].name}: {why.message}" for i, why in sorted(rejected.items())))
+    return replace(result, gangs=tuple(gangs), notes=notes)
+
+
+def _plan(
+    snapshot: ClusterSnapshot, requests: list[GangRequest], params: SolverParams, topo: TopologyIndex, started: float
+) -> PlanResult:
+    problem = prepare(snapshot, requests, topo, unlabeled=params.unlabeled_nodes)
     spread = params.placement_mode is PlacementMode.LOW_LOAD_FIRST
     baseline = greedy(problem, Ledger(snapshot, spread=spread, workload=params.workload))
     hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread, workload=params.workload)), baseline)
@@ -155,20 +181,33 @@ def realize(problem: Problem, solution: DomainSolution, ledger: Ledger) -> tuple
 
 def _realize_gang(problem: Problem, k: int, units: list[dict[int, int]], ledger: Ledger) -> list[Member] | None:
     gp = problem.gangs[k]
-    one_host = gp.required_level == problem.topo.host_level
+    host = _one_host(problem, k, units, ledger) if gp.required_level == problem.topo.host_level else None
     members: list[Member] = []
     for caps, per_unit in zip(gp.groups, units, strict=True):
         live = live_caps(caps, ledger)
         for unit, pods in sorted(per_unit.items()):
             nodes = [n for n in problem.topo.unit_nodes(unit) if n in live]
-            if one_host and members:
-                nodes = [n for n in nodes if n == members[0].node]
+            if host is not None:
+                nodes = [n for n in nodes if n == host]
             selection = pick_nodes(nodes, pods, live)
             if selection is None:
                 return None
             if not take_selection(ledger, caps, selection, members):
                 return None
     return members
+
+
+def _one_host(problem: Problem, k: int, units: list[dict[int, int]], ledger: Ledger) -> int | None:
+    """The node a one-host gang goes to: the tightest that holds every group's pods, each
+    group counted alone (whichever group comes first); None when none does (the caller's
+    repair then places the gang greedily)."""
+    gp = problem.gangs[k]
+    groups = zip(gp.groups, units, strict=True)
+    wanted = [(live_caps(caps, ledger), need) for caps, per_unit in groups if (need := sum(per_unit.values())) > 0]
+    if not wanted:
+        return None
+    hosts = [n for n in wanted[0][0] if all(live.get(n, 0) >= need for live, need in wanted)]
+    return min(hosts, key=lambda n: (sum(live[n] for live, _ in wanted), n), default=None)
 
 
 def _result(
@@ -189,7 +228,7 @@ def _result(
             objective += compactness(problem.topo, gp, members)
             gangs.append(GangPlan(gp.request.name, Outcome.PLACED, assignments, domains_used=used))
         else:
-            why = explain(problem.topo, gp)
+            why = explain(problem, gp, others_placed=any(k != gp.index for k in placed))
             gangs.append(GangPlan(gp.request.name, why.outcome, explanation=why.message))
     if not placed:
         status = SolveStatus.INFEASIBLE

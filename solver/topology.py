@@ -50,8 +50,13 @@ class TopologyIndex:
         self.by_path: dict[tuple[str, ...], int] = {}
         self.unit_of: list[int] = []  # node index -> unit domain id (-1 if no levels above)
         self.levels_of: dict[int, list[int]] = {i: [] for i in range(self.above)}
+        # node index -> the coarsest level above hosts whose label the node lacks (an empty
+        # value or a short path); `above` when it has them all. Such a node sits in an
+        # empty-named domain of that level (see `problem.prepare` for who may use it).
+        self.missing_from: list[int] = []
         for i, node in enumerate(snapshot.nodes):
             self.unit_of.append(self._insert(i, node.topology))
+            self.missing_from.append(_first_missing(node.topology, self.above))
 
     def _insert(self, node_index: int, topology: tuple[str, ...]) -> int:
         if self.above == 0:
@@ -76,6 +81,9 @@ class TopologyIndex:
     @property
     def host_level(self) -> int:
         return len(self.levels) - 1
+
+    def has_level(self, name: str) -> bool:
+        return name in ("hostname", "kubernetes.io/hostname", HOST_LEVEL) or name in self.levels
 
     def level_of(self, name: str) -> int:
         if name in ("hostname", "kubernetes.io/hostname", HOST_LEVEL):
@@ -107,6 +115,13 @@ class TopologyIndex:
         while self.domains[out[-1]].parent >= 0:
             out.append(self.domains[out[-1]].parent)
         return tuple(reversed(out))
+
+
+def _first_missing(path: tuple[str, ...], above: int) -> int:
+    for level in range(above):
+        if level >= len(path) or not path[level]:
+            return level
+    return above
 
 
 def _unique_last(snapshot: ClusterSnapshot) -> bool:

@@ -100,7 +100,9 @@ def gangs(draw: st.DrawFn, index: int) -> GangRequest:
     preferred = draw(st.sampled_from(["", "rack"]))
     slices = ()
     if draw(st.booleans()) and count % 2 == 0:
-        slices = (Slice(draw(st.sampled_from(["rack", "kubernetes.io/hostname"])), 2),)
+        # A slice is never coarser than the required level (admission rejects that).
+        fine = ["kubernetes.io/hostname"] if level == "kubernetes.io/hostname" else ["rack", "kubernetes.io/hostname"]
+        slices = (Slice(draw(st.sampled_from(fine)), 2),)
     groups = [EqGroup("worker", draw(shapes()), count)]
     if draw(st.integers(0, 3)) == 0:
         groups.insert(0, EqGroup("leader", draw(shapes()), 1))

@@ -1,0 +1,69 @@
+"""Request admission: a gang whose request makes no sense is answered on its own.
+
+`plan()` checks every request before preparing it. A request that names a topology level the
+cluster does not have (a typo in a PodGroup's topology key), a slice without a size or coarser
+than the required level, or a `minCount` outside 0..members can never be placed as asked. It
+gets its own `GangPlan` (UNRESOLVABLE, the message naming the field and value), and the other
+gangs of the same call are planned as if it were not there, as Kueue and KAI-Scheduler reject
+such a workload at admission without touching the others. Checks run in field order and the
+first problem is reported.
+"""
+
+from __future__ import annotations
+
+from solver.explain import Explanation, level_name
+from solver.model import GangRequest, Outcome
+from solver.topology import TopologyIndex
+
+INVALID_REQUEST = "invalid request"
+
+
+def _invalid(detail: str) -> Explanation:
+    return Explanation(Outcome.UNRESOLVABLE, f"{INVALID_REQUEST}: {detail}")
+
+
+def _levels(topo: TopologyIndex) -> str:
+    return ", ".join(topo.levels)
+
+
+def check(topo: TopologyIndex, request: GangRequest) -> Explanation | None:
+    """Why `request` can never be planned as written, or None when it is well formed."""
+    problem = _members(request) or _levels_known(topo, request) or _slices(topo, request)
+    return _invalid(problem) if problem is not None else None
+
+
+def _members(request: GangRequest) -> str | None:
+    for g in request.groups:
+        if g.count < 0:
+            return f"group {g.name!r} has count {g.count}; a count is 0 or more"
+    if request.count <= 0:
+        return "the gang has no members"
+    if not 0 <= request.min_count <= request.count:
+        return f"minCount {request.min_count} is outside 0..{request.count} (the gang's members)"
+    return None
+
+
+def _levels_known(topo: TopologyIndex, request: GangRequest) -> str | None:
+    tr = request.topology
+    named = [("topology.required", tr.required), ("topology.preferred", tr.preferred)]
+    named += [(f"topology.slices[{i}].level", s.level) for i, s in enumerate(tr.slices)]
+    for field, level in named:
+        if level and not topo.has_level(level):
+            return f"{field} {level!r} is not a topology level of this cluster (levels: {_levels(topo)})"
+    return None
+
+
+def _slices(topo: TopologyIndex, request: GangRequest) -> str | None:
+    tr = request.topology
+    required = topo.level_of(tr.required) if tr.required else -1
+    for i, s in enumerate(tr.slices):
+        if not s.level:
+            return f"topology.slices[{i}] names no level"
+        if s.size < 1:
+            return f"topology.slices[{i}] on {s.level!r} has size {s.size}; a slice needs a size of 1 or more"
+        if topo.level_of(s.level) < required:
+            return (
+                f"topology.slices[{i}].level {s.level!r} is coarser than topology.required {tr.required!r}: "
+                f"a {level_name(s.level)} slice cannot fit inside one {level_name(tr.required)}"
+            )
+    return None
