@@ -27,7 +27,7 @@ def harness(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def test_every_creation_order_of_crd_workload_pods_and_restart_binds_the_gang(harness: chaos.Harness) -> None:
-    result = chaos.creation_orders(harness, chaos.QUICK_ORDERS)
+    result = chaos.creation_orders(harness, chaos.QUICK_ORDERS, settle_s=30)
     assert result["not_bound"] == [], str(result)
 
 
