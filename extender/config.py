@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from solver import PlacementMode, SolverParams
+from solver import PlacementMode, SolverParams, UnlabeledNodes
 
 CONFIGMAP_NAME = "phalanx-config"
 CONFIGMAP_KEY = "config.yaml"
@@ -81,6 +81,14 @@ class TopologyConfig(_Strict):
         "(kubernetes.io/hostname) may only be last; gangs name these keys in topology requests. At least "
         "one: the gang planner indexes levels, and an empty list made every gang fail. At most 16: "
         "each level adds a family of domain variables to every solve.",
+    )
+    unlabeled_nodes: Literal["Exclude", "EmptyDomain"] = Field(
+        "Exclude",
+        alias="unlabeledNodes",
+        description="A node missing one of the level labels: Exclude leaves it out of gangs whose topology "
+        "request is at or below the missing level (as Kueue, KAI-Scheduler and kube-scheduler's topology "
+        "plugins do; it still runs other pods); EmptyDomain treats the missing value as one domain like any "
+        "other (unlabeled nodes then form a 'rack' together).",
     )
 
     @field_validator("levels")
@@ -388,6 +396,7 @@ class PhalanxConfig(_Strict):
             workers=self.solver.workers,
             seed=self.solver.seed,
             placement_mode=PlacementMode(self.gpu.placement_mode),
+            unlabeled_nodes=UnlabeledNodes(self.topology.unlabeled_nodes),
         )
 
 

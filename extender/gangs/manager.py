@@ -212,7 +212,7 @@ class GangManager:
                 for entry, epoch, ask in zip(entries, epochs, asks, strict=True):
                     state = self.gangs.get(entry.key)
                     if state is not None and state.released == epoch and ask.name in invalid:
-                        self._invalid(state, entry.spec, invalid[ask.name])
+                        self._invalid(state, entry.spec, f"{INVALID_GANG}: {invalid[ask.name]}")
                 for entry, epoch, gang in zip(
                     [e for e, a in zip(entries, asks, strict=True) if a.name not in invalid],
                     [ep for ep, a in zip(epochs, asks, strict=True) if a.name not in invalid],
@@ -226,13 +226,17 @@ class GangManager:
                     if gang.outcome is Outcome.PLACED:
                         assert result is not None
                         self._reserve(state, entry, gang, snapshot, result.status.value)
+                    elif gang.explanation.startswith(solver.INVALID_REQUEST):  # the solver's admission
+                        self._invalid(state, entry.spec, gang.explanation)
                     else:
                         self._not_placed(state, entry, gang, snapshot.generation)
 
     def _solve(self, snapshot: ClusterSnapshot, asks: list[GangRequest]) -> tuple[PlanResult | None, dict[str, str]]:
-        """The joint solve; a request the solver rejects (an unknown topology level, a slice
-        it cannot honour) is found by solving each alone, gets its own error, and the others
-        are solved together without it. (plans of the valid gangs, in order; name -> error)."""
+        """The joint solve. The solver answers an invalid request (an unknown topology level, a
+        slice it cannot honour) with that gang's own UNRESOLVABLE plan; should it raise all the
+        same (a defect), the raising request is found by solving each alone, gets its own error,
+        and the others are solved together without it. (plans of the valid gangs, in order;
+        name -> error)."""
         params = self.params()
         try:
             return solver.plan(snapshot, asks, params=params), {}
@@ -255,7 +259,7 @@ class GangManager:
 
     def _invalid(self, state: GangState, spec: GangSpec, error: str) -> None:
         """A gang the solver cannot take as requested: its own error, status and event."""
-        reason = f"{INVALID_GANG}: {error}"[:1024]
+        reason = error[:1024]
         state.outcome = Fit.UNRESOLVABLE
         state.failed_attempt = (self.cache.generation, -1)  # until the cluster or its definition changes
         if state.reason != reason:

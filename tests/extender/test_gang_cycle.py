@@ -178,7 +178,7 @@ def test_a_gang_the_solver_rejects_gets_its_own_error_and_the_others_are_planned
     names = [f"n{i}" for i in range(8)]
     mgr.gangs.setdefault("wl:default/good", manager_module.GangState("wl:default/good"))
     answer = mgr.filter(bad[0], names)  # the joint solve takes "good" along
-    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang request" in answer.message
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "no-such-level" in answer.message
     assert any(reason == "Invalid" for reason, _ in rec.events)
     answer = mgr.filter(good[0], names)
     assert answer is not None and answer.outcome is Fit.FITS
@@ -197,3 +197,27 @@ def test_a_definition_with_an_unreadable_field_is_a_reason_not_a_500() -> None:
     pods = add(cache, member("j0", "junk"), member("j1", "junk"))
     answer = mgr.filter(pods[0], ["n0"])
     assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang definition" in answer.message
+
+
+def test_should_the_solver_raise_for_one_gang_the_others_are_still_planned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Defence in depth: a defect that makes `solver.plan` raise for one request must cost
+    only that gang."""
+    mgr, cache, _ = manager_with(8, workload("bad", 2), workload("good", 2))
+    real = manager_module.solver.plan
+
+    def plan(snapshot: Any, requests: Any, **kw: Any) -> Any:
+        if any(r.name == "wl:default/bad" for r in requests):
+            raise ValueError("boom")
+        return real(snapshot, requests, **kw)
+
+    monkeypatch.setattr(manager_module.solver, "plan", plan)
+    bad = add(cache, member("x0", "bad"), member("x1", "bad"))
+    good = add(cache, member("g0", "good"), member("g1", "good"))
+    names = [f"n{i}" for i in range(8)]
+    assert mgr.filter(good[0], names).outcome is Fit.FITS  # type: ignore[union-attr]  # known, planned
+    mgr.gangs["wl:default/good"].plan.clear()
+    for uid in cache.assumed_uids():
+        cache.forget(uid)  # good waits for a plan again: the next solve takes it along with bad
+    answer = mgr.filter(bad[0], names)
+    assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang request" in answer.message
+    assert len(mgr.gangs["wl:default/good"].plan) == 2  # planned in the same round, without the bad one
