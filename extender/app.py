@@ -79,7 +79,8 @@ class Extender:
         self.cache.on_pod_change(self._report_pod)
         self.cache.on_invalid_node(self._report_node)
         self.registry = Registry()
-        self.registry.on_budget_trip(lambda _name, message: self._warn_workload_type(message))
+        # A trip fires on the thread that ran the jq (maybe a filter): report through the queue.
+        self.registry.on_budget_trip(lambda _name, message: self._report_config("ResourceInterfaceOverBudget", message))
         self.ri = RISource(self.registry, self.cache.pod)
         self.gangs = GangManager(
             self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
@@ -149,6 +150,7 @@ class Extender:
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._gc_tuned = False
+        self._listed: dict[tuple[str, str], dict[str, str]] = {}  # kind -> ns/name -> resourceVersion
 
     def _definitions(self, path: str, kind: tuple[str, str], name: str) -> Reflector:
         """A watch of gang definitions of one kind; the API may not be served (CRD absent)."""
@@ -185,11 +187,15 @@ class Extender:
 
     def _definitions_listed(self, kind: tuple[str, str], items: list[dict[str, Any]]) -> None:
         """A (re-)list of definitions, e.g. once a CRD installed after start-up is served: the
-        members parked waiting for them are woken, as for a single new definition."""
+        members parked waiting for new or changed definitions are woken, as for a single event
+        (a re-list after 410 Gone wakes nobody whose definition did not change)."""
+        versions = {_ns_name(obj): str((obj.get("metadata") or {}).get("resourceVersion", "")) for obj in items}
+        before = self._listed.get(kind, {})
+        self._listed[kind] = versions
         self.gang_objects.replace(kind, items)
-        for obj in items:
-            meta = obj.get("metadata") or {}
-            self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+        changed = {name for name, rv in versions.items() if before.get(name) != rv}
+        if changed:
+            self.gangs.definitions_changed(changed)
 
     def _report_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
         """A pod with a request or device record Phalanx cannot use gets a Warning Event naming
@@ -233,14 +239,17 @@ class Extender:
             except Exception:
                 log.exception("periodic sweep failed")
 
+    def _report_config(self, reason: str, message: str) -> None:
+        """A Warning Event on the Phalanx ConfigMap, queued (never an API call on this thread)."""
+        meta = {"name": CONFIGMAP_NAME, "namespace": self.options.config_namespace}
+        self.notifier.report({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}, reason, message[:1024])
+
     def _check_levels(self) -> None:
         """A Warning Event on the ConfigMap while configured topology levels match no node
         (valid configuration, but such a level constrains nothing). Reported once per text."""
         missing = unmatched_levels(self.config, self.cache.node_labels()) if self.synced() else []
         if missing:
-            meta = {"name": CONFIGMAP_NAME, "namespace": self.options.config_namespace}
-            ref = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta}
-            self.notifier.report(ref, "TopologyLevelsUnmatched", unmatched_levels_message(missing))
+            self._report_config("TopologyLevelsUnmatched", unmatched_levels_message(missing))
 
     def _initial_config(self) -> PhalanxConfig:
         if self.options.config_file is not None:
@@ -321,3 +330,8 @@ class Extender:
         self.verbs.config = config
         self.cache.configure(config.topology.levels, Hardware(config.gpu))
         logs.configure(config.server.log_level)
+
+
+def _ns_name(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -252,9 +252,33 @@ class Cache:
             return True
 
     def _assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        previous = self._assumed.get(uid)
+        if previous is not None and previous.node != node:
+            pod = self._pods.get(uid)
+            if pod is None or pod.node != previous.node:  # assumed elsewhere before: count it once
+                self._uncount(uid, previous.node)
         self._assumed[uid] = Assumed(node, devices)
         self._on_node.setdefault(node, set()).add(uid)
         self._touch(node)
+
+    def assume_all(
+        self,
+        placements: Iterable[tuple[str, str, tuple[DeviceAssignment, ...]]],
+        still_valid: Callable[[ClusterSnapshot], bool],
+    ) -> bool:
+        """Count a whole gang's placements (uid, node, devices) at once, if `still_valid` holds
+        for the nodes they use as they are now; nothing otherwise. Pods the watch no longer
+        shows (deleted while solving) are not assumed."""
+        placements = list(placements)
+        with self._lock:
+            names = sorted({node for _, node, _ in placements})
+            nodes = tuple(m for name in names if (m := self.node_model(name)) is not None)
+            if len(nodes) != len(names) or not still_valid(ClusterSnapshot(nodes, self.levels, self.generation)):
+                return False
+            for uid, node, devices in placements:
+                if uid in self._pods:
+                    self._assume(uid, node, devices)
+            return True
 
     def assume_chosen(self, uid: str, node: str, choose: Chooser) -> tuple[DeviceAssignment, ...] | None:
         """Choose a pod's devices on `node` and count them at once, atomically (two binds to
@@ -270,9 +294,12 @@ class Cache:
                 self._assume(uid, node, devices)
             return devices
 
-    def forget(self, uid: str) -> None:
-        """assumed -> initial: the bind failed or the reservation was released."""
+    def forget(self, uid: str, *, only: Assumed | None = None) -> None:
+        """assumed -> initial: the bind failed or the reservation was released. With `only`,
+        just that assumption (a bind forgets what it assumed, never a newer one)."""
         with self._lock:
+            if only is not None and self._assumed.get(uid) is not only:
+                return
             entry = self._assumed.pop(uid, None)
             if entry is not None:
                 pod = self._pods.get(uid)

@@ -70,7 +70,7 @@ class Sharing:
         self.workload_generation = 0  # bumps when memoised fragmentation deltas go stale
         self._packer: Packer | None = None
         self._stale: dict[str, set[int]] = {}  # node -> devices to re-adopt from their contents
-        self._placements = 0  # bumps on every device the packer is told of
+        self._events = 0  # bumps on every device the packer is told of and every pod that leaves one
         cache.on_pod_change(self.pod_changed)
 
     # ------------------------------------------------------------------ workload
@@ -85,25 +85,27 @@ class Sharing:
         workload = workload_classes(demands, multi_gpu=True) if demands else ()
         if workload != self._workload:
             plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
-            packer = self._adopt(plan) if plan.patterns else None
-            with self._lock:
-                if workload_drift(self._workload, workload) > MEMO_DRIFT:
-                    self.workload_generation += 1  # every memoised fragmentation delta is stale
-                self._workload = workload
-                self._packer = packer
+            for attempt in range(3):
+                seen = self._events
+                packer = self._adopt(plan) if plan.patterns else None
+                with self._lock:
+                    # Installed only if no bind placed a pod and no pod left meanwhile (the new
+                    # packer would miss it); after three tries, as is: it is advisory.
+                    if seen != self._events and attempt < 2:
+                        continue
+                    if workload_drift(self._workload, workload) > MEMO_DRIFT:
+                        self.workload_generation += 1  # every memoised fragmentation delta is stale
+                    self._workload = workload
+                    self._packer = packer
+                    break
         self.reconcile()
 
     def _adopt(self, plan: PackingPlan) -> Packer:
-        """A packer for `plan` that knows what every device holds now. Re-read when a bind
-        told the old packer of a device meanwhile (that device's pod may not be in the read)."""
-        for _ in range(3):
-            seen = self._placements
-            packer = Packer(plan)
-            for node, contents in self.cache.all_share_contents().items():
-                for index, sizes in contents.items():
-                    packer.adopt(node, index, sizes)
-            if seen == self._placements:
-                break
+        """A packer for `plan` that knows what every device holds now."""
+        packer = Packer(plan)
+        for node, contents in self.cache.all_share_contents().items():
+            for index, sizes in contents.items():
+                packer.adopt(node, index, sizes)
         return packer
 
     def reconcile(self) -> None:
@@ -111,11 +113,11 @@ class Sharing:
         deleted before its bind was seen, or its bind failed) stop waiting."""
         self.settle()
         with self._lock:
-            packer, seen = self._packer, self._placements
+            packer, seen = self._packer, self._events
             waiting = packer.waiting_devices() if packer is not None else []
         contents = {name: self.cache.share_contents(name) for name in {str(node) for node, _ in waiting}}
         with self._lock:
-            if packer is None or packer is not self._packer or seen != self._placements:
+            if packer is None or packer is not self._packer or seen != self._events:
                 return  # a bind placed a pod meanwhile: the next sweep looks again
             for node, index in waiting:
                 if not contents[str(node)].get(index):
@@ -137,6 +139,7 @@ class Sharing:
         if shares and self._packer is not None:
             with self._lock:
                 self._stale.setdefault(node, set()).update(shares)
+                self._events += 1
 
     def packer(self) -> Packer | None:
         """The packer, settled (for reads outside the verbs: the read API, tests)."""
@@ -144,17 +147,25 @@ class Sharing:
         return self._packer
 
     def settle(self) -> None:
-        """Re-adopt the devices pods have left since the last read."""
-        if not self._stale:
-            return
-        with self._lock:
-            stale, self._stale = self._stale, {}
-        contents = {node: self.cache.share_contents(node) for node in stale}
-        with self._lock:
-            if self._packer is not None:
-                for node, indexes in stale.items():
-                    for index in sorted(indexes):
-                        self._packer.adopt(node, index, contents[node].get(index, []))
+        """Re-adopt the devices pods have left since the last read. The contents are read
+        without this module's lock; they are applied only if no pod left and no bind placed one
+        meanwhile (else the marks stay for the next reader: a bind settles under the cache's
+        lock, where nothing can move)."""
+        for _ in range(3):
+            if not self._stale:
+                return
+            with self._lock:
+                stale, seen = {node: set(indexes) for node, indexes in self._stale.items()}, self._events
+            contents = {node: self.cache.share_contents(node) for node in stale}
+            with self._lock:
+                if seen != self._events:
+                    continue
+                if self._packer is not None:
+                    for node, indexes in stale.items():
+                        for index in sorted(indexes):
+                            self._packer.adopt(node, index, contents[node].get(index, []))
+                self._stale = {}
+                return
 
     def bind_failed(self, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
         """The packer counted a pod in that did not bind."""
@@ -233,7 +244,7 @@ class Sharing:
             with self._lock:
                 if self._packer is not None:
                     self._packer.placed(node.name, index, size, fresh=fresh)
-                    self._placements += 1
+                    self._events += 1
         return devices
 
     def _lead(self, node: Node, shape: PodShape, size: int) -> tuple[int, ...]:

@@ -54,6 +54,7 @@ log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
+CORDON = ("node.kubernetes.io/unschedulable", "", "NoSchedule")  # the taint a cordon stands for
 PARSED_PODS = 512  # parsed pods kept: filter and prioritize of one cycle parse once
 PARSED_POD_BYTES = 64 * 2**10  # larger pods (big annotations) are parsed on every call, never kept
 
@@ -183,8 +184,10 @@ class Verbs:
     def _filter_reply(self, verdict: Verdict, names: list[str], pod: PodInfo) -> dict[str, Any]:
         """The verdict as kube-scheduler reads it: failing nodes under the field that says
         whether preemption may help."""
-        passed = set(verdict.passed)
-        failed = verdict.failed or {n: verdict.message for n in names if n not in passed}
+        if verdict.outcome in (Fit.FITS, Fit.PASSTHROUGH) or verdict.failed:
+            failed = verdict.failed  # O(1) for a gang member's one planned node
+        else:
+            failed = dict.fromkeys(names, verdict.message)  # nothing passed: every node, one reason
         unresolvable = verdict.outcome is Fit.UNRESOLVABLE
         self.metrics.outcomes.labels("filter", verdict.outcome.value).inc()
         log.debug(
@@ -322,12 +325,16 @@ class Verbs:
         if devices is None:
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
+        assumed = self.cache.assumed(uid)
         started = time.perf_counter()
         try:
             self.binder.bind(namespace, name, uid, node, devices)
-        except Exception as e:  # ApiError, OSError, urllib3's MaxRetryError: never keep it assumed
-            self.cache.forget(uid)
-            self.sharing.bind_failed(node, devices)  # the packer counted this pod in
+        except Exception as e:  # ApiError, OSError, urllib3's MaxRetryError alike
+            if gate is None:  # a single pod: forget what this bind assumed (never a newer one)
+                self.cache.forget(uid, only=assumed)
+                self.sharing.bind_failed(node, devices)  # the packer counted this pod in
+            # A gang member keeps its reservation: kube-scheduler retries it onto the same node,
+            # and a release of its gang (timeout, deletion) forgets it.
             self.metrics.errors.labels("bind", "api").inc()
             log.warning("bind failed", pod=pod.key, node=node, error=str(e))
             return {"Error": str(e)}
@@ -351,9 +358,9 @@ class Verbs:
         model = self.cache.node_model(node)
         if model is None:
             return f"{NOT_IN_CACHE}: {node}"
-        if model.unschedulable:
-            return f"node {node} is cordoned"
         placement = orjson.loads(pod.placement) if pod.placement else {}
+        if model.unschedulable and not matches(node, model.labels, [CORDON], placement):
+            return f"node {node} is cordoned"  # unless the pod tolerates it, as NodeUnschedulable says
         if not matches(node, model.labels, taints(model.taints), placement):
             return f"node {node} does not match the pod's node selector, required affinity or tolerations"
         ask = self._ask(pod)

@@ -11,6 +11,7 @@ and renamed without touching the Kubernetes side.
 - Fragmentation (FGD and Phalanx's measure): `WorkloadClass`, `workload_classes`,
   `workload_drift`, `demand_of`, `placement_delta`.
 - Share packing: `PackingPlan`, `Packer`.
+- `validate_plan(snapshot, requests, result)`: the independent plan check (empty: valid).
 - MIG profile tables: `MigTable`, `load_tables`.
 """
 
@@ -48,6 +49,7 @@ from solver.plan import plan
 from solver.preference import NodeState
 from solver.single import reason as unfit_reason
 from solver.single import score as node_score
+from solver.validate import validate as validate_plan
 
 __all__ = [
     "FULL_SHARE",
@@ -88,6 +90,7 @@ __all__ = [
     "placement_delta",
     "plan",
     "unfit_reason",
+    "validate_plan",
     "workload_classes",
     "workload_drift",
 ]

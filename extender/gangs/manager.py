@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -57,6 +57,10 @@ WAITING_QUORUM = "waiting for gang quorum"
 GANG_TIMEOUT = "gang timed out at bind"
 NO_RESERVATION = "no reservation for this member"
 INVALID_GANG = "invalid gang request"
+CAPACITY_MOVED = "capacity changed while planning; planning again"
+BINDING_GRACE_S = 120.0  # once the gate opened, binds finish long before this; then the plan is dropped
+PREEMPT_MEMO_S = 5.0  # how long the answer to "would evictions place this gang?" is reused
+PREEMPT_TIME_LIMIT_S = 0.25  # the what-if solve runs in kube-scheduler's PostFilter: keep it short
 MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
@@ -85,7 +89,7 @@ class GangState:
     failed_attempt: tuple[int, int] = (-1, -1)  # (cache generation, members) of the last failed plan
     bound_uids: set[str] = field(default_factory=set)  # members this process bound
     parked: set[str] = field(default_factory=set)  # members told "not yet": kube-scheduler parked them
-    preemption: tuple[tuple[int, int, int], bool] | None = None  # ((generation, members, priority), helps)
+    preemption: tuple[tuple[int, int], bool, float] | None = None  # ((members, priority), helps, until)
 
 
 class GangManager:
@@ -170,7 +174,8 @@ class GangManager:
                 return Verdict.unresolvable(state.reason)
             # A gang that did not fit is solved again only once the cluster or its members changed:
             # kube-scheduler retries each of its members, and each retry must stay cheap.
-            stale = (self.cache.generation, len(pods)) != state.failed_attempt
+            generation, members = state.failed_attempt
+            stale = generation != self.cache.generation or members not in (-1, len(pods))  # -1: any
             must_plan = stale and bool(self._members(state, pods).pending)
         if must_plan:
             self._plan(state)
@@ -204,7 +209,7 @@ class GangManager:
                     requests.request(snapshot, e, hardware=hardware, pool_models=self.cache.pool_models)
                     for e in entries
                 ]
-                epochs = [self.gangs[e.key].released for e in entries]
+                epochs = [st.released if (st := self.gangs.get(e.key)) is not None else -1 for e in entries]
             started = time.perf_counter()
             result, invalid = self._solve(snapshot, asks)
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -225,7 +230,8 @@ class GangManager:
                     state.solve_ms = elapsed_ms
                     if gang.outcome is Outcome.PLACED:
                         assert result is not None
-                        self._reserve(state, entry, gang, snapshot, result.status.value)
+                        ask = next(a for a in asks if a.name == gang.gang)
+                        self._reserve(state, entry, gang, ask, result, snapshot)
                     elif gang.explanation.startswith(solver.INVALID_REQUEST):  # the solver's admission
                         self._invalid(state, entry.spec, gang.explanation)
                     else:
@@ -305,23 +311,41 @@ class GangManager:
             self.notify(entry.spec, "Unschedulable", gang.explanation, "Warning")
             log.info("gang not placed", gang=state.key, reason=gang.explanation, solve_ms=round(state.solve_ms, 1))
 
-    def _reserve(self, state: GangState, entry: Entry, gang: GangPlan, snapshot: ClusterSnapshot, status: str) -> None:
+    def _reserve(
+        self,
+        state: GangState,
+        entry: Entry,
+        gang: GangPlan,
+        ask: GangRequest,
+        result: PlanResult,
+        snapshot: ClusterSnapshot,
+    ) -> None:
         spec = entry.spec
+        status = result.status.value
         taken: dict[str, int] = {}
-        state.plans += 1
+        placements: list[tuple[str, str, tuple[DeviceAssignment, ...]]] = []
         for a in sorted(gang.assignments, key=lambda a: a.rank):
             member = entry.groups[a.group][taken.setdefault(a.group, 0)]
             taken[a.group] += 1
-            state.plan[member.uid] = Reservation(a.node, a.devices)
-            # Members deleted while solving get no reservation (the sweep releases the gang).
-            self.cache.assume(member.uid, a.node, a.devices, known_only=True)
+            placements.append((member.uid, a.node, a.devices))
+        # The solve ran without locks: a single pod may have taken a planned device meanwhile.
+        # Re-check the plan against the nodes as they are now and reserve it, atomically.
+        one = replace(result, gangs=(gang,))
+        if not self.cache.assume_all(placements, lambda nodes: not solver.validate_plan(nodes, [ask], one)):
+            state.failed_attempt = (-1, -1)  # not a failure: the next filter or sweep plans again
+            state.reason = CAPACITY_MOVED
+            log.info("gang plan outdated before it was reserved; planning again", gang=state.key)
+            return
+        state.plans += 1
+        state.deadline = time.monotonic() + spec.timeout_s
+        for uid, node, devices in placements:
+            state.plan[uid] = Reservation(node, devices)
         # Only members kube-scheduler has parked need waking; the others are still queued.
         for uid in [u for u in state.parked if u in state.plan]:
             planned = self.cache.pod(uid)
             if planned is not None:
                 self.nudge(planned.namespace, planned.name, f"{state.plans}:{state.plan[uid].node}")
         state.parked.difference_update(state.plan)
-        state.deadline = time.monotonic() + spec.timeout_s
         state.reason = ""
         state.phase = GangPhase.PLANNED
         levels = snapshot.levels if len(snapshot.levels) == len(gang.domains_used) else (*snapshot.levels, "hosts")
@@ -384,17 +408,22 @@ class GangManager:
             entry = self._entry(state) if len(pods) >= res.spec.min_count else None
             if entry is None:
                 return False
-            memo = (self.cache.generation, len(pods), pod.priority)
-            if state.preemption is not None and state.preemption[0] == memo:
+            # kube-scheduler asks once per member and attempt; the cluster-wide what-if is reused
+            # for a few seconds (per member count and priority) instead of per cache generation.
+            memo = (len(pods), pod.priority)
+            now = time.monotonic()
+            if state.preemption is not None and state.preemption[0] == memo and now < state.preemption[2]:
                 return state.preemption[1]
         snapshot = self.cache.snapshot_without(lambda p: p.priority < pod.priority)
         ask = requests.request(snapshot, entry, hardware=self.cache.hardware, pool_models=self.cache.pool_models)
+        params = self.params()
+        params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_TIME_LIMIT_S))
         try:
-            helps = solver.plan(snapshot, [ask], params=self.params()).gangs[0].outcome is Outcome.PLACED
+            helps = solver.plan(snapshot, [ask], params=params).gangs[0].outcome is Outcome.PLACED
         except (ValueError, KeyError, IndexError):  # a request the solver rejects: no eviction helps
             helps = False
         with self.lock:
-            state.preemption = (memo, helps)
+            state.preemption = (memo, helps, now + PREEMPT_MEMO_S)
         if not helps:
             log.info("preemption cannot place the gang", gang=key, pod=pod.key, priority=pod.priority)
         return helps
@@ -427,7 +456,10 @@ class GangManager:
                 if state.released != epoch:
                     return state.reason or "gang reservation released"
                 if self._gate_open(state):
-                    state.phase = GangPhase.BINDING
+                    if state.phase is not GangPhase.BINDING:
+                        # The timeout ends here: a release now would forget devices binds are using.
+                        state.phase = GangPhase.BINDING
+                        state.deadline = time.monotonic() + BINDING_GRACE_S
                     return ""
                 remaining = give_up - time.monotonic()
                 if remaining <= 0:
@@ -464,8 +496,18 @@ class GangManager:
     def definition_changed(self, namespace: str, name: str) -> None:
         """A Workload or PodGroup changed: its waiting members are re-evaluated now (they may
         have been parked by kube-scheduler for lack of quorum or of a definition)."""
-        prefixes = [f"{kind}:{namespace}/{name}" for kind in DEFINITION_PREFIXES]
-        keys = [k for k in self.membership.gang_keys() if any(k == p or k.startswith(p + "/") for p in prefixes)]
+        self.definitions_changed({f"{namespace}/{name}"})
+
+    def definitions_changed(self, names: set[str]) -> None:
+        """`definition_changed` for many "namespace/name" at once: one pass over the gang keys."""
+        keys = []
+        for key in self.membership.gang_keys():
+            kind, _, body = key.partition(":")
+            if kind not in DEFINITION_PREFIXES:
+                continue
+            parts = body.split("/")
+            if len(parts) >= 2 and f"{parts[0]}/{parts[1]}" in names:
+                keys.append(key)
         for key in keys:
             for pod in self.membership.member_pods(key):
                 if not pod.node:

@@ -31,6 +31,7 @@ class Membership:
         self._members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
         self._key_of: dict[str, str] = {}  # pod uid -> gang key it is counted under
         self._unkeyed: dict[str, PodInfo] = {}  # owned pods whose Resource Interface key is due
+        self._settling = threading.Lock()  # one settler: the others wait for its result
         if ri is not None:
             ri.on_rekey = self.rekey
         cache.on_pod_change(self._pod_changed)
@@ -40,18 +41,15 @@ class Membership:
         if either is None:
             return
         active = new is not None and new.active
-        key = (
-            gang_key(new.namespace, new.labels, new.scheduling_group, new.annotations)
-            if new is not None and active
-            else ""
-        )
-        deferred = new is not None and active and not key and self.ri is not None and bool(new.owners)
+        key = gang_key(new.namespace, new.labels, new.scheduling_group, new.annotations) if new and active else ""
+        deferred = new is not None and active and not key and self.ri is not None and self.ri.may_key(new)
         with self._lock:
             self._unkeyed.pop(either.uid, None)
-            self._index(either.uid, key)
             if deferred:
                 assert new is not None
-                self._unkeyed[either.uid] = new
+                self._unkeyed[either.uid] = new  # keeps its current key until settled
+            else:
+                self._index(either.uid, key)
 
     def _index(self, uid: str, key: str) -> None:
         """Count `uid` under `key` ("" : under none). Under `_lock`."""
@@ -66,17 +64,20 @@ class Membership:
 
     def settle(self) -> None:
         """Key the owned pods that changed since the last call (Resource Interface jq), with no
-        lock held while jq runs; a pod that changed again meanwhile waits for the next call."""
+        lock held while jq runs, one settler at a time. A pod that changed again meanwhile, or
+        left the cache, is not indexed from the stale read."""
         if not self._unkeyed or self.ri is None:
             return
-        with self._lock:
-            batch = dict(self._unkeyed)
-        keys = {uid: self.ri.key(pod) for uid, pod in batch.items()}
-        with self._lock:
-            for uid, pod in batch.items():
-                if self._unkeyed.get(uid) is pod:
+        with self._settling:
+            with self._lock:
+                batch = dict(self._unkeyed)
+            keys = {uid: self.ri.key(pod) for uid, pod in batch.items()}
+            with self._lock:
+                for uid, pod in batch.items():
+                    if self._unkeyed.get(uid) is not pod:
+                        continue  # changed again: the newer entry is keyed next time
                     del self._unkeyed[uid]
-                    self._index(uid, keys[uid])
+                    self._index(uid, keys[uid] if self.cache.pod(uid) is pod else "")
 
     def key(self, pod: PodInfo) -> str:
         """The pod's gang key from its own fields ("" for a pod of no gang)."""

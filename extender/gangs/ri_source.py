@@ -125,6 +125,19 @@ class RISource:
             return f"{WAITING_PREFIX}{BUDGET}{pod.namespace}/{root.kind}/{root.name}"
         return f"{PREFIX}{pod.namespace}/{root.name}/{gang}" if gang else ""
 
+    def may_key(self, pod: PodInfo) -> bool:
+        """Whether a Resource Interface could take the pod: its controller owner is a
+        registered, watched or pod kind. Cheap (no jq): the rest need no keying at all."""
+        if not pod.owners:
+            return False
+        ref = pod.owners[0]
+        group, _, version = ref.api_version.rpartition("/")
+        return (
+            ref.kind == "Pod"
+            or GVK(group, version, ref.kind) in self._watched()
+            or self.registry.lookup(group, version, ref.kind) is not None
+        )
+
     def _walk(self, pod: PodInfo) -> tuple[ResourceInterface, OwnerRef] | OwnerRef | None:
         """Follow controller owners to a registered root kind; an OwnerRef when a watched owner
         is not seen yet; None when the chain leaves the watched kinds (not an RI workload)."""

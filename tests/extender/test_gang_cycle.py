@@ -132,7 +132,8 @@ def test_preemption_cannot_help_a_gang_without_quorum() -> None:
     assert mgr.preemption_helps(first) is False
 
 
-def test_preemption_helps_only_where_evicting_lower_priority_pods_makes_room() -> None:
+def test_preemption_helps_only_where_evicting_lower_priority_pods_makes_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager_module, "PREEMPT_MEMO_S", 0.0)  # each question answered afresh
     mgr, cache, _ = manager_with(2, workload("a", 2))
     for i in range(2):  # both nodes full: one with a low-priority pod, one with an equal-priority pod
         blocker = pod(f"blk{i}", gpus=8, node_name=f"n{i}", phase="Running")
@@ -221,3 +222,105 @@ def test_should_the_solver_raise_for_one_gang_the_others_are_still_planned(monke
     answer = mgr.filter(bad[0], names)
     assert answer is not None and answer.outcome is Fit.UNRESOLVABLE and "invalid gang request" in answer.message
     assert len(mgr.gangs["wl:default/good"].plan) == 2  # planned in the same round, without the bad one
+
+
+def test_the_preemption_answer_is_reused_for_a_few_seconds() -> None:
+    """kube-scheduler asks for every member on every attempt: the cluster-wide what-if solve
+    is not repeated for each."""
+    mgr, cache, _ = manager_with(2, workload("a", 2))
+    for i in range(2):
+        blocker = pod(f"blk{i}", gpus=8, node_name=f"n{i}", phase="Running")
+        blocker["spec"]["priority"] = 1000
+        cache.pod_event("ADDED", blocker)
+    members = add(cache, high("a0", "a", 1000), high("a1", "a", 1000))
+    calls = 0
+    real = manager_module.solver.plan
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(*args, **kw)
+
+    manager_module.solver.plan = counting  # type: ignore[assignment]
+    try:
+        assert [mgr.preemption_helps(m) for m in members * 3] == [False] * 6
+    finally:
+        manager_module.solver.plan = real  # type: ignore[assignment]
+    assert calls == 1
+
+
+def test_a_plan_whose_devices_were_taken_while_solving_is_not_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The solve runs without locks: a single pod bound meanwhile must not be double-booked."""
+    mgr, cache, _ = manager_with(3, workload("a", 2))
+    real = manager_module.solver.plan
+    taken: list[str] = []
+
+    def racing(snapshot: Any, asks: Any, **kw: Any) -> Any:
+        result = real(snapshot, asks, **kw)
+        if not taken and result.gangs[0].assignments:
+            node = result.gangs[0].assignments[0].node
+            cache.pod_event("ADDED", pod("single", gpus=8, node_name=node, phase="Running"))
+            taken.append(node)
+        return result
+
+    monkeypatch.setattr(manager_module.solver, "plan", racing)
+    members = add(cache, member("a0", "a"), member("a1", "a"))
+    names = [f"n{i}" for i in range(3)]
+    first = mgr.filter(members[0], names)
+    assert first is not None and first.outcome is not Fit.FITS and mgr.gangs["wl:default/a"].plan == {}
+    again = mgr.filter(members[0], names)  # planned again, around the single pod
+    assert again is not None and again.outcome is Fit.FITS
+    assert taken[0] not in {r.node for r in mgr.gangs["wl:default/a"].plan.values()}
+
+
+def test_once_the_gate_opened_the_timeout_no_longer_releases_the_binding_gang() -> None:
+    mgr, cache, _ = manager_with(4, workload("a", 2, timeout_s=1))
+    members = add(cache, member("a0", "a"), member("a1", "a"))
+    names = [f"n{i}" for i in range(4)]
+    nodes = {m.uid: mgr.filter(m, names).passed[0] for m in members}  # type: ignore[union-attr]
+    results: dict[str, str | None] = {}
+    threads = [
+        threading.Thread(target=lambda m=m: results.__setitem__(m.uid, mgr.permit(m, nodes[m.uid]))) for m in members
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert set(results.values()) == {""}  # the gate opened; the binds are under way
+    state = mgr.gangs["wl:default/a"]
+    # The gang's 1 s timeout no longer applies: a sweep after it must not forget the devices
+    # the binds are using (they end well within the binding grace).
+    assert state.deadline - manager_module.time.monotonic() > manager_module.BINDING_GRACE_S / 2
+    mgr.sweep()
+    assert len(state.plan) == 2 and cache.assumed_uids() == {m.uid for m in members}
+
+
+def test_a_gang_member_whose_bind_fails_keeps_its_reservation() -> None:
+    from extender.gangs.sources import WORKLOAD
+    from tests.extender.fakes import extender_on, node
+
+    ext = extender_on([node("n0"), node("n1")], [])
+    ext.gang_objects.replace(WORKLOAD, [workload("g", 1)])
+    obj = member("g0", "g")
+    ext.kube.pods["default/g0"] = obj  # type: ignore[attr-defined]
+    ext.cache.pod_event("ADDED", obj)
+    planned = ext.verbs.filter({"Pod": obj, "NodeNames": ["n0", "n1"]})["NodeNames"]
+    assert len(planned) == 1
+    ext.kube.fail_bind = True  # type: ignore[attr-defined]
+    args = {"PodNamespace": "default", "PodName": "g0", "PodUID": "uid-g0", "Node": planned[0]}
+    assert ext.verbs.bind(args)["Error"]
+    assert ext.cache.assumed("uid-g0") is not None  # still reserved: the retry binds it there
+    ext.kube.fail_bind = False  # type: ignore[attr-defined]
+    assert ext.verbs.bind(args) == {"Error": ""}
+
+
+def test_a_planned_members_filter_reply_names_one_node_and_no_failures() -> None:
+    from extender.gangs.sources import WORKLOAD
+    from tests.extender.fakes import extender_on, node
+
+    ext = extender_on([node(f"n{i}") for i in range(50)], [])
+    ext.gang_objects.replace(WORKLOAD, [workload("g", 1)])
+    obj = member("g0", "g")
+    ext.cache.pod_event("ADDED", obj)
+    reply = ext.verbs.filter({"Pod": obj, "NodeNames": [f"n{i}" for i in range(50)]})
+    assert len(reply["NodeNames"]) == 1 and reply["FailedNodes"] == {} and reply["FailedAndUnresolvableNodes"] == {}

@@ -197,3 +197,15 @@ def test_the_status_writer_survives_any_error_and_goes_on() -> None:
     assert reported(ext, "Test", "message 2")
     assert ext.notifier.dead_threads() == []
     assert ext.ready()
+
+
+def test_bind_to_a_cordoned_node_is_allowed_for_a_pod_that_tolerates_the_cordon() -> None:
+    n = node("n0", gpus=2)
+    n["spec"]["unschedulable"] = True
+    ext = extender_on([n], [])
+    p = pod("p", gpus=1)
+    p["spec"]["tolerations"] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    with_pod(ext, p)
+    assert bind(ext, "p", "n0") == {"Error": ""}  # as kube-scheduler's NodeUnschedulable admits it

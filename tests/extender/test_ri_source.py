@@ -176,3 +176,32 @@ def test_members_of_a_definition_switched_off_for_its_budget_wait_and_are_never_
     info = ext.cache.pod(pod["metadata"]["uid"])
     answer = ext.gangs.filter(info, ["n0"])
     assert answer is not None and answer.passed == [] and "time budget" in answer.message
+
+
+def test_a_pod_deleted_while_it_is_rekeyed_is_not_indexed_again(ext: Extender) -> None:
+    cr, job, pod = jobset_objects()
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext._ri_event(JOB, "ADDED", job)
+    ext.cache.pod_event("ADDED", pod)
+    uid = pod["metadata"]["uid"]
+    stale = ext.cache.pod(uid)
+    ext.cache.pod_event("DELETED", pod)
+    membership = ext.gangs.membership
+    membership._pod_changed(stale, stale)  # a rekey that read the pod just before it was deleted
+    membership.settle()
+    assert uid not in membership._key_of and not any(uid in m for m in membership._members.values())
+
+
+def test_pods_no_resource_interface_could_take_are_keyed_at_once(ext: Extender) -> None:
+    pod = {
+        "metadata": {
+            "name": "web-1",
+            "namespace": "default",
+            "uid": "ds-pod",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "web", "uid": "ds"}],
+        },
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+    ext.cache.pod_event("ADDED", pod)
+    assert "ds-pod" not in ext.gangs.membership._unkeyed  # no jq ever runs for it
