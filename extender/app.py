@@ -227,9 +227,13 @@ class Extender:
 
     def _sweep(self) -> None:
         ticks = 0
+        woken = False
         while not self._stopping.wait(1.0):
             ticks += 1
             try:
+                if not woken and self.synced():
+                    self.gangs.wake_all()
+                    woken = True
                 self.gangs.sweep()
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up

@@ -80,6 +80,7 @@ class PodInfo:
     owners: tuple[OwnerRef, ...] = ()
     priority: int = 0  # spec.priority: who may preempt whom
     device_error: str = ""  # why the device record is not trusted ("" if absent or valid)
+    resource_version: str = field(default="", compare=False)  # as the object was read
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
     @property
@@ -176,9 +177,10 @@ def pod_info(obj: JSON) -> PodInfo:
         resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), f"{type(e).__name__}: {e}"[:512]
     devices, device_error = _record(annotations.get(DEVICES_ANNOTATION), gpu, bool(spec.get("nodeName")))
     return PodInfo(
-        uid=meta.get("uid", ""),
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
+        uid=_text(meta.get("uid")),
+        namespace=_text(meta.get("namespace")),
+        name=_text(meta.get("name")),
+        resource_version=_text(meta.get("resourceVersion")),
         node=spec.get("nodeName") or "",
         phase=status.get("phase", "Pending"),
         requests=requests,
@@ -213,6 +215,11 @@ def _record(text: Any, gpu: GpuDemand, bound: bool) -> tuple[tuple[DeviceAssignm
     except DeviceRecordError as e:
         return None, f"{DEVICES_ANNOTATION}: {e}" if bound else ""
     return devices, ""
+
+
+def _text(value: Any) -> str:
+    """A metadata string as the API server would give it ("" for absent or not a string)."""
+    return value if isinstance(value, str) else ""
 
 
 def _priority(value: Any) -> int:

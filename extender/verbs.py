@@ -103,12 +103,16 @@ class Verbs:
     # ------------------------------------------------------------------ filter
 
     def _pod(self, args: dict[str, Any]) -> PodInfo:
-        """The request's pod, parsed once per (uid, resourceVersion): filter and prioritize of
-        one scheduling cycle carry the same pod."""
+        """The request's pod: the cache's reading when the watch has seen this very version
+        (no parse, and nothing a client sends can replace it), else parsed once per (uid,
+        resourceVersion): filter and prioritize of one scheduling cycle carry the same pod."""
         self._require_sync()
         obj = wire.check_pod(args.get("Pod"))
         meta = obj["metadata"]
         key = (meta.get("uid") or "", meta.get("resourceVersion") or "")
+        watched = self.cache.pod(key[0]) if key[0] else None
+        if watched is not None and key[1] and watched.resource_version == key[1]:
+            return watched  # the watch's own reading of this very version: nothing a client sent
         pod = self._parsed.get(key)
         if pod is None:
             try:
@@ -126,12 +130,22 @@ class Verbs:
                 self._parsed[key] = pod
         return pod
 
+    def _node_names(self, args: dict[str, Any]) -> list[str]:
+        """The request's candidate nodes. kube-scheduler names nodes of the cluster our cache
+        mirrors: a list far longer than the cluster (past twice its size and 1,000) is refused,
+        so a client cannot make one call cost memory in proportion to what it invents."""
+        names = _node_names(args)
+        nodes, _ = self.cache.counts()
+        if len(names) > max(2 * nodes, 1000):
+            raise BadRequest(f"NodeNames lists {len(names)} nodes; the cluster has {nodes}")
+        return names
+
     def _require_sync(self) -> None:
         if not self.synced():
             raise NotReady("phalanx cache not synced yet (nodes and pods still listing)")
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
-        pod, names = self._pod(args), _node_names(args)
+        pod, names = self._pod(args), self._node_names(args)
         return self._filter_reply(self._verdict(pod, names), names, pod)
 
     def _verdict(self, pod: PodInfo, names: list[str]) -> Verdict:
@@ -213,7 +227,7 @@ class Verbs:
         for a missing host, and a shift common to all hosts keeps their order, so the reply
         stays small when most nodes look alike. Pods without GPUs get scores only from the
         fragmentation measure (`_prioritize_cpu_only`)."""
-        pod, names = self._pod(args), _node_names(args)
+        pod, names = self._pod(args), self._node_names(args)
         if pod.error:
             return []
         if pod.demand.kind is GpuKind.NONE:

@@ -513,6 +513,15 @@ class GangManager:
                 if not pod.node:
                     self.nudge(pod.namespace, pod.name, f"definition:{time.time():.0f}")
 
+    def wake_all(self) -> None:
+        """Wake every unbound gang member (once, after a start): members parked before a
+        restart, or whose definition was listed before the pods were, have no other event
+        coming that kube-scheduler would link to them."""
+        for key in self.membership.gang_keys():
+            for pod in self.membership.member_pods(key):
+                if not pod.node:
+                    self.nudge(pod.namespace, pod.name, f"start:{time.time():.0f}")
+
     def shutdown(self) -> None:
         """Fail every waiting bind so kube-scheduler requeues those members at once."""
         with self.lock:

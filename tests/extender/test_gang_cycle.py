@@ -324,3 +324,12 @@ def test_a_planned_members_filter_reply_names_one_node_and_no_failures() -> None
     ext.cache.pod_event("ADDED", obj)
     reply = ext.verbs.filter({"Pod": obj, "NodeNames": [f"n{i}" for i in range(50)]})
     assert len(reply["NodeNames"]) == 1 and reply["FailedNodes"] == {} and reply["FailedAndUnresolvableNodes"] == {}
+
+
+def test_after_a_start_every_unbound_member_is_woken_once() -> None:
+    """Members parked before a restart (or whose definition was listed before them) have no
+    other event coming that kube-scheduler would link to them."""
+    mgr, cache, rec = manager_with(4, workload("a", 2))
+    add(cache, member("a0", "a"), member("a1", "a"), pod("single", gpus=1))
+    mgr.wake_all()
+    assert sorted(rec.nudged) == ["a0", "a1"]

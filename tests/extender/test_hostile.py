@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from extender.app import Extender
-from extender.errors import NotReady
+from extender.errors import BadRequest, NotReady
 from extender.gangs.sources import WORKLOAD
 from extender.objects import DEVICES_ANNOTATION, pod_info
 from tests.extender.fakes import FakeKube, extender_on, node, pod
@@ -209,3 +209,35 @@ def test_bind_to_a_cordoned_node_is_allowed_for_a_pod_that_tolerates_the_cordon(
     ]
     with_pod(ext, p)
     assert bind(ext, "p", "n0") == {"Error": ""}  # as kube-scheduler's NodeUnschedulable admits it
+
+
+def test_a_request_cannot_replace_what_the_watch_read_of_a_pod() -> None:
+    """A client sending a watched pod's uid and resourceVersion with other content (no GPU
+    asked) gets the answer for the pod the watch read (8 GPUs: no node with 2 fits)."""
+    real = pod("p", gpus=8)
+    real["metadata"]["resourceVersion"] = "7"
+    ext = extender_on([node("n0", gpus=2)], [real])
+    forged = json.loads(json.dumps(real))
+    forged["spec"]["containers"][0]["resources"] = {}
+    assert ext.verbs.filter({"Pod": forged, "NodeNames": ["n0"]})["NodeNames"] == []
+
+
+@pytest.mark.parametrize("namespace", [None, "", 7], ids=["null", "empty", "a number"])
+def test_a_gang_members_preempt_with_an_odd_namespace_is_no_500(namespace: Any) -> None:
+    ext = extender_on([node("n0")], [])
+    ext.gang_objects.replace(WORKLOAD, [workload("g", 2)])
+    obj = member("m0", "g")
+    obj["metadata"]["namespace"] = namespace
+    try:
+        reply = ext.verbs.preempt({"Pod": obj, "NodeNameToMetaVictims": {}})
+    except BadRequest:
+        return  # refused as malformed: fine
+    assert reply == {"NodeNameToMetaVictims": {}}
+
+
+def test_a_filter_naming_far_more_nodes_than_the_cluster_has_is_refused() -> None:
+    ext = extender_on([node("n0")], [])
+    names = [f"ghost-{i}" for i in range(5_000)]
+    with pytest.raises(BadRequest, match="NodeNames lists 5000 nodes; the cluster has 1"):
+        ext.verbs.filter({"Pod": pod("p", gpus=1), "NodeNames": names})
+    assert ext.verbs.filter({"Pod": pod("p", gpus=1), "NodeNames": names[:1000]})["NodeNames"] == []
