@@ -71,8 +71,11 @@ class Binder:
         result: dict[str, Any] = check(response, f"get pod {namespace}/{name}")
         return result
 
-    def event(self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Normal") -> None:
-        """Record an Event on `obj` (a Kubernetes object as JSON); failures are only logged."""
+    def event(
+        self, obj: dict[str, Any], *, reason: str, message: str, kind: str = "Normal", strict: bool = False
+    ) -> None:
+        """Record an Event on `obj` (a Kubernetes object as JSON); failures are only logged,
+        or raised with `strict` (a caller that retries)."""
         meta = obj.get("metadata") or {}
         namespace = meta.get("namespace") or "default"
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -98,4 +101,6 @@ class Binder:
         try:
             check(self.kube.request("POST", f"/api/v1/namespaces/{namespace}/events", body=body), "create event")
         except (ApiError, OSError) as e:
+            if strict:
+                raise
             log.warning("could not record event", reason=reason, error=str(e))

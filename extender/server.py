@@ -362,8 +362,8 @@ class _Handler(BaseHTTPRequestHandler):
         except TimeoutError:
             self._refuse(HTTPStatus.REQUEST_TIMEOUT, f"body not received within {self.server.limits.read_timeout_s} s")
             return
-        if len(body) < length:
-            self.close_connection = True  # the client closed mid-body: nobody to answer
+        if len(body) < length:  # the client stopped sending (a half-closed socket still reads)
+            self._refuse(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
             return
         self.reader.deadline = None  # read: the handler may take its time (bind waits at the gate)
         if route is None:

@@ -31,6 +31,7 @@ from extender.eligibility import matches
 from extender.errors import BadRequest, NotReady
 from extender.gangs.manager import GangManager
 from extender.gangs.requests import taints
+from extender.kube import ApiError
 from extender.memo import ShapeMemo
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
@@ -54,8 +55,9 @@ log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
+BOUND, NOT_BOUND, UNKNOWN = "bound", "not bound", "unknown"  # what a failed bind did
 CORDON = ("node.kubernetes.io/unschedulable", "", "NoSchedule")  # the taint a cordon stands for
-PARSED_PODS = 512  # parsed pods kept: filter and prioritize of one cycle parse once
+PARSED_PODS = 128  # parsed pods kept (watch lag only: the watch's reading comes first): 8 MiB at most
 PARSED_POD_BYTES = 64 * 2**10  # larger pods (big annotations) are parsed on every call, never kept
 
 
@@ -123,7 +125,7 @@ class Verbs:
                 # read at all (wrong types deep down, nesting past orjson's limit) is malformed.
                 raise BadRequest(f"Pod: unreadable: {type(e).__name__}: {str(e)[:256]}") from None
             # A real uid and resourceVersion, and a pod of ordinary size: the cache holds at
-            # most PARSED_PODS x PARSED_POD_BYTES (32 MiB), whatever clients send.
+            # most PARSED_PODS x PARSED_POD_BYTES (8 MiB), whatever clients send.
             if key[0] and len(key[1]) <= 32 and size <= PARSED_POD_BYTES:
                 if len(self._parsed) >= PARSED_PODS:
                     self._parsed.clear()
@@ -344,11 +346,19 @@ class Verbs:
         try:
             self.binder.bind(namespace, name, uid, node, devices)
         except Exception as e:  # ApiError, OSError, urllib3's MaxRetryError alike
-            if gate is None:  # a single pod: forget what this bind assumed (never a newer one)
+            outcome = self._after_failed_bind(pod, node, e)
+            if outcome == BOUND:  # committed after all: the answer was lost, not the Binding
+                if gate is not None and self.gangs is not None:
+                    self.gangs.bound(pod)
+                log.info("bind answer lost, but the pod is bound", pod=pod.key, node=node)
+                return {"Error": ""}
+            if outcome == NOT_BOUND and gate is None:  # a single pod: forget what this bind assumed
                 self.cache.forget(uid, only=assumed)
                 self.sharing.bind_failed(node, devices)  # the packer counted this pod in
-            # A gang member keeps its reservation: kube-scheduler retries it onto the same node,
-            # and a release of its gang (timeout, deletion) forgets it.
+            # A gang member keeps its reservation (kube-scheduler retries it onto the same node;
+            # a release of its gang forgets it), and so does a bind whose outcome is unknown:
+            # the API server may have committed it. The watch, a retry or the pod's deletion
+            # settles the assumption; until then its devices stay counted.
             self.metrics.errors.labels("bind", "api").inc()
             log.warning("bind failed", pod=pod.key, node=node, error=str(e))
             return {"Error": str(e)}
@@ -362,6 +372,22 @@ class Verbs:
             api_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return {"Error": ""}
+
+    def _after_failed_bind(self, pod: PodInfo, node: str, error: Exception) -> str:
+        """Whether a bind that raised is NOT_BOUND (the API server refused it), BOUND (it was
+        committed and only the answer was lost) or UNKNOWN (the server cannot tell us now)."""
+        if isinstance(error, ApiError) and 400 <= error.status < 500 and error.status != 429:
+            return NOT_BOUND
+        try:
+            current = self.binder.get_pod(pod.namespace, pod.name)
+        except Exception:
+            return UNKNOWN
+        if current is None or (current.get("metadata") or {}).get("uid") != pod.uid:
+            return NOT_BOUND  # gone (its deletion forgets it) or another pod of that name
+        bound_to = (current.get("spec") or {}).get("nodeName") or ""
+        if bound_to == node:
+            return BOUND
+        return NOT_BOUND if not bound_to else UNKNOWN  # bound elsewhere: the watch will say where
 
     def _may_bind(self, pod: PodInfo, node: str) -> str:
         """Why `pod` may not go to `node` ("" if it may), whoever asks: bind re-checks what

@@ -8,6 +8,7 @@ condition as kube-scheduler writes it (True once scheduled; False with reason Un
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import queue
 import threading
@@ -34,15 +35,17 @@ class Notifier:
 
     def __init__(self, binder: Binder) -> None:
         self.binder = binder
-        self.queue: queue.Queue[tuple[GangSpec, str, str, str]] = queue.Queue(maxsize=10_000)
-        self.nudges: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100_000)
+        # Each item carries how often it was tried: a write that fails (an API server outage) is
+        # queued again, up to RETRIES times, behind the backoff.
+        self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
+        self.nudges: queue.Queue[tuple[str, str, str, int]] = queue.Queue(maxsize=100_000)
         # Several writers: a 512-member gang is woken in well under a second, not one by one.
         self.nudgers = [
             threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(8)
         ]
         for t in self.nudgers:
             t.start()
-        self.reports: queue.Queue[tuple[dict[str, Any], str, str]] = queue.Queue(maxsize=10_000)
+        self.reports: queue.Queue[tuple[dict[str, Any], str, str, int]] = queue.Queue(maxsize=10_000)
         self._reported: dict[tuple[str, str], None] = {}  # (uid, message) already reported, oldest first
         self._reported_lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="gang-notify", daemon=True)
@@ -66,19 +69,19 @@ class Notifier:
             if len(self._reported) > 50_000:
                 self._reported.pop(next(iter(self._reported)))
         try:
-            self.reports.put_nowait((obj, reason, message))
+            self.reports.put_nowait((obj, reason, message, 0))
         except queue.Full:
             log.warning("report dropped: queue full", reason=reason)
 
     def __call__(self, spec: GangSpec, reason: str, message: str, kind: str) -> None:
         try:
-            self.queue.put_nowait((spec, reason, message, kind))
+            self.queue.put_nowait((spec, reason, message, kind, 0))
         except queue.Full:
             log.warning("gang notification dropped: queue full", gang=spec.key, reason=reason)
 
     def nudge(self, namespace: str, name: str, value: str) -> None:
         try:
-            self.nudges.put_nowait((namespace, name, value))
+            self.nudges.put_nowait((namespace, name, value, 0))
         except queue.Full:
             log.warning("gang member nudge dropped: queue full", pod=f"{namespace}/{name}")
 
@@ -88,7 +91,7 @@ class Notifier:
     def _nudge_loop(self) -> None:
         failures = 0
         while True:
-            namespace, name, value = self.nudges.get()
+            namespace, name, value, tries = self.nudges.get()
             patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
             try:
                 self.binder.kube.request(
@@ -100,27 +103,30 @@ class Notifier:
                 failures = 0
             except Exception as e:
                 failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
+                _again(self.nudges, (namespace, name, value, tries + 1), tries)
 
     def _run(self) -> None:
         failures = 0
         while True:
-            spec, reason, message, kind = self.queue.get()
+            spec, reason, message, kind, tries = self.queue.get()
             try:
                 self.binder.event(spec.owner, reason=f"Gang{reason}", message=message, kind=kind)
                 self._status(spec, reason, message)
                 failures = 0
             except Exception as e:
                 failures = _backoff(failures, "gang status update failed", gang=spec.key, error=str(e))
+                _again(self.queue, (spec, reason, message, kind, tries + 1), tries)
 
     def _report_loop(self) -> None:
         failures = 0
         while True:
-            obj, reason, message = self.reports.get()
+            obj, reason, message, tries = self.reports.get()
             try:
-                self.binder.event(obj, reason=reason, message=message, kind="Warning")
+                self.binder.event(obj, reason=reason, message=message, kind="Warning", strict=True)
                 failures = 0
             except Exception as e:
                 failures = _backoff(failures, "report failed", reason=reason, error=str(e))
+                _again(self.reports, (obj, reason, message, tries + 1), tries)
 
     def _status(self, spec: GangSpec, reason: str, message: str) -> None:
         meta = spec.owner["metadata"]
@@ -153,3 +159,13 @@ def _backoff(failures: int, message: str, **fields: Any) -> int:
     log.warning(message, **fields)
     time.sleep(min(5.0, 0.05 * 2**failures))
     return min(failures + 1, 10)
+
+
+RETRIES = 5
+
+
+def _again(q: queue.Queue[Any], item: Any, tries: int) -> None:
+    """Queue a failed write again, unless it has been tried RETRIES times or the queue is full."""
+    if tries + 1 < RETRIES:
+        with contextlib.suppress(queue.Full):
+            q.put_nowait(item)

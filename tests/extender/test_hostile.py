@@ -12,6 +12,7 @@ import pytest
 from extender.app import Extender
 from extender.errors import BadRequest, NotReady
 from extender.gangs.sources import WORKLOAD
+from extender.kube import Unreachable
 from extender.objects import DEVICES_ANNOTATION, pod_info
 from tests.extender.fakes import FakeKube, extender_on, node, pod
 from tests.extender.test_gangs import member, workload
@@ -241,3 +242,47 @@ def test_a_filter_naming_far_more_nodes_than_the_cluster_has_is_refused() -> Non
     with pytest.raises(BadRequest, match="NodeNames lists 5000 nodes; the cluster has 1"):
         ext.verbs.filter({"Pod": pod("p", gpus=1), "NodeNames": names})
     assert ext.verbs.filter({"Pod": pod("p", gpus=1), "NodeNames": names[:1000]})["NodeNames"] == []
+
+
+class DyingServer(FakeKube):
+    """Commits the first Binding, then dies before answering (and stays down until told)."""
+
+    down = False
+    died = False
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        if self.down:
+            raise Unreachable(f"{method} {path}: connection refused")
+        reply = super().request(method, path, **kw)
+        if method == "POST" and path.endswith("/binding") and reply.status == 201 and not self.died:
+            self.died = self.down = True
+            raise Unreachable("POST binding: response ended prematurely")
+        return reply
+
+
+def test_a_bind_whose_outcome_is_unknown_keeps_its_devices_counted() -> None:
+    """The API server committed the Binding and died before answering: until the watch shows
+    the pod, its device must not look free (a second pod was once bound onto it)."""
+    ext = extender_on([node("n0", gpus=1)], [pod("p1", gpus=1), pod("p2", gpus=1)])
+    kube = DyingServer(pods=ext.kube.pods)  # type: ignore[attr-defined]
+    ext.binder.kube = kube
+    assert bind(ext, "p1", "n0")["Error"]  # unknown: the answer was lost
+    kube.down = False  # back, but our pod watch has not caught up
+    assert ext.verbs.filter({"Pod": kube.pods["default/p2"], "NodeNames": ["n0"]})["NodeNames"] == []
+    assert "no longer fits" in bind(ext, "p2", "n0")["Error"]
+
+
+def test_a_bind_whose_answer_was_lost_but_landed_is_reported_bound() -> None:
+    """The server is back when the extender checks: the pod is bound where it asked."""
+    ext = extender_on([node("n0", gpus=1)], [pod("p1", gpus=1)])
+    kube = DyingServer(pods=ext.kube.pods)  # type: ignore[attr-defined]
+    ext.binder.kube = kube
+    real_get = ext.binder.get_pod
+
+    def get_pod(namespace: str, name: str) -> Any:
+        kube.down = False
+        return real_get(namespace, name)
+
+    ext.binder.get_pod = get_pod  # type: ignore[method-assign]
+    assert bind(ext, "p1", "n0") == {"Error": ""}
+    assert ext.cache.assumed("uid-p1") is not None  # counted until the watch shows it bound

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from extender.kube import Expired
 from extender.watch import Reflector
 from tests.extender.fakes import FakeKube
@@ -72,3 +74,24 @@ def test_resource_version_advances_with_events_and_bookmarks() -> None:
 
     kube.stream = stream  # type: ignore[method-assign,assignment]
     run_until(reflector, done)
+
+
+def test_a_watch_that_ran_healthily_starts_the_next_backoff_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After one API server outage the reconnect backoff once stayed at its cap for good."""
+    from extender import watch
+
+    clock = [0.0]
+    monkeypatch.setattr(watch.time, "monotonic", lambda: clock[0])
+    waits: list[float] = []
+    reflector = Reflector(
+        FakeKube(), "/api/v1/things", on_list=lambda items: None, on_event=lambda k, o: None, name="t"
+    )
+    monkeypatch.setattr(reflector.stopped, "wait", lambda s: waits.append(s) or False)
+    backoff = watch.BACKOFF_S
+    for _ in range(6):  # failures in a row: the backoff climbs to the cap
+        backoff = reflector._retry(OSError("refused"), backoff, started=clock[0])
+    assert backoff == watch.MAX_BACKOFF_S
+    clock[0] = 1000.0  # the next list-and-watch began long ago: it was healthy
+    reflector._retry(OSError("EOF"), backoff, started=clock[0] - watch.HEALTHY_S)
+    assert waits[-1] <= watch.BACKOFF_S * 1.2
+    assert max(waits) <= watch.MAX_BACKOFF_S * 1.2
