@@ -121,11 +121,11 @@ def resolve(
         elif scheduling_group:
             res = _native(objects, namespace, scheduling_group)
         elif COSCHEDULING_LABEL in labels:
-            res = _coscheduling(objects, namespace, labels[COSCHEDULING_LABEL])
+            res = _min_member(objects, _COSCHEDULING, namespace, labels[COSCHEDULING_LABEL])
         elif annotations.get(VOLCANO_ANNOTATION):
-            res = _volcano(objects, namespace, annotations[VOLCANO_ANNOTATION])
+            res = _min_member(objects, _VOLCANO, namespace, annotations[VOLCANO_ANNOTATION])
         elif annotations.get(KAI_ANNOTATION):
-            res = _kai(objects, namespace, annotations[KAI_ANNOTATION])
+            res = _min_member(objects, _KAI, namespace, annotations[KAI_ANNOTATION])
         else:
             return None
     except (ValueError, TypeError, AttributeError, OverflowError) as e:
@@ -243,65 +243,43 @@ def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:
     )
 
 
-def _coscheduling(objects: GangObjects, namespace: str, name: str) -> Resolution:
-    key = f"cs:{namespace}/{name}"
-    obj = objects.get(COSCHEDULING_POD_GROUP, namespace, name)
+@dataclass(frozen=True, slots=True)
+class _MinMemberKind:
+    """A PodGroup kind of another scheduler that states `spec.minMember` (scheduler-plugins'
+    coscheduling, Volcano, KAI): they differ only in their key prefix, API version, and
+    whether they state a timeout or topology."""
+
+    prefix: str
+    kind: tuple[str, str]
+    api_version: str
+    timeout: bool = False  # reads spec.scheduleTimeoutSeconds
+    kai_topology: bool = False  # reads spec.topologyConstraint's levels
+
+
+_COSCHEDULING = _MinMemberKind("cs", COSCHEDULING_POD_GROUP, "scheduling.x-k8s.io/v1alpha1", timeout=True)
+_VOLCANO = _MinMemberKind("vc", VOLCANO_POD_GROUP, "scheduling.volcano.sh/v1beta1")
+_KAI = _MinMemberKind("kai", KAI_POD_GROUP, "scheduling.run.ai/v2alpha2", kai_topology=True)
+
+
+def _min_member(objects: GangObjects, kind: _MinMemberKind, namespace: str, name: str) -> Resolution:
+    key = f"{kind.prefix}:{namespace}/{name}"
+    obj = objects.get(kind.kind, namespace, name)
     if obj is None:
-        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.x-k8s.io)")
+        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} ({kind.kind[0]})")
     spec = obj.get("spec") or {}
+    constraint = (spec.get("topologyConstraint") or {}) if kind.kai_topology else {}
     return Resolution(
         key,
         GangSpec(
             key=key,
             namespace=namespace,
-            source=COSCHEDULING_POD_GROUP,
-            owner=_owner(obj, "scheduling.x-k8s.io/v1alpha1", "PodGroup"),
+            source=kind.kind,
+            owner=_owner(obj, kind.api_version, "PodGroup"),
             min_count=int(spec.get("minMember") or 1),
             count=0,
-            timeout_s=int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S),
-            topology=TopologyRequest(),
-        ),
-    )
-
-
-def _volcano(objects: GangObjects, namespace: str, name: str) -> Resolution:
-    key = f"vc:{namespace}/{name}"
-    obj = objects.get(VOLCANO_POD_GROUP, namespace, name)
-    if obj is None:
-        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.volcano.sh)")
-    spec = obj.get("spec") or {}
-    return Resolution(
-        key,
-        GangSpec(
-            key=key,
-            namespace=namespace,
-            source=VOLCANO_POD_GROUP,
-            owner=_owner(obj, "scheduling.volcano.sh/v1beta1", "PodGroup"),
-            min_count=int(spec.get("minMember") or 1),
-            count=0,
-            timeout_s=DEFAULT_TIMEOUT_S,
-            topology=TopologyRequest(),
-        ),
-    )
-
-
-def _kai(objects: GangObjects, namespace: str, name: str) -> Resolution:
-    key = f"kai:{namespace}/{name}"
-    obj = objects.get(KAI_POD_GROUP, namespace, name)
-    if obj is None:
-        return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} (scheduling.run.ai)")
-    spec = obj.get("spec") or {}
-    constraint = spec.get("topologyConstraint") or {}
-    return Resolution(
-        key,
-        GangSpec(
-            key=key,
-            namespace=namespace,
-            source=KAI_POD_GROUP,
-            owner=_owner(obj, "scheduling.run.ai/v2alpha2", "PodGroup"),
-            min_count=int(spec.get("minMember") or 1),
-            count=0,
-            timeout_s=DEFAULT_TIMEOUT_S,
+            timeout_s=int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S)
+            if kind.timeout
+            else DEFAULT_TIMEOUT_S,
             topology=TopologyRequest(
                 required=str(constraint.get("requiredTopologyLevel") or ""),
                 preferred=str(constraint.get("preferredTopologyLevel") or ""),
