@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,3 +190,17 @@ def mark_listed(extender: Any) -> None:
     """As if the node and pod watches had listed (the verbs refuse to answer before)."""
     for r in extender.reflectors:
         r.listed.set()
+
+
+@contextmanager
+def serving(extender: Any) -> Iterator[Any]:
+    """The extender's HTTP server on a thread, its watches marked listed; shut down after."""
+    mark_listed(extender)
+    thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield extender
+    finally:
+        extender.server.shutdown()
+        extender.server.close_connections()
+        extender.server.server_close()

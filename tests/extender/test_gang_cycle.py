@@ -16,9 +16,8 @@ from tests.extender.fakes import pod
 from tests.extender.test_gangs import add, manager_with, member, workload
 
 
-def bind_all(mgr: Any, pods: list[Any], names: list[str]) -> None:
-    """Every member filtered, through the gate and bound, as far as the manager knows; the
-    watch has not shown any of them bound yet (the cache still says pending)."""
+def pass_gate(mgr: Any, pods: list[Any], names: list[str]) -> None:
+    """Every member filtered and through the permit gate at once (the gate opens)."""
     nodes = {p.uid: mgr.filter(p, names).passed[0] for p in pods}
     results: dict[str, str | None] = {}
     threads = [
@@ -29,6 +28,12 @@ def bind_all(mgr: Any, pods: list[Any], names: list[str]) -> None:
     for t in threads:
         t.join(10)
     assert set(results.values()) == {""}
+
+
+def bind_all(mgr: Any, pods: list[Any], names: list[str]) -> None:
+    """Every member through the gate and bound, as far as the manager knows; the watch has
+    not shown any of them bound yet (the cache still says pending)."""
+    pass_gate(mgr, pods, names)
     for p in pods:
         mgr.bound(p)
 
@@ -277,16 +282,7 @@ def test_once_the_gate_opened_the_timeout_no_longer_releases_the_binding_gang() 
     mgr, cache, _ = manager_with(4, workload("a", 2, timeout_s=1))
     members = add(cache, member("a0", "a"), member("a1", "a"))
     names = [f"n{i}" for i in range(4)]
-    nodes = {m.uid: mgr.filter(m, names).passed[0] for m in members}  # type: ignore[union-attr]
-    results: dict[str, str | None] = {}
-    threads = [
-        threading.Thread(target=lambda m=m: results.__setitem__(m.uid, mgr.permit(m, nodes[m.uid]))) for m in members
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert set(results.values()) == {""}  # the gate opened; the binds are under way
+    pass_gate(mgr, members, names)  # the gate opened; the binds are under way
     state = mgr.gangs["wl:default/a"]
     # The gang's 1 s timeout no longer applies: a sweep after it must not forget the devices
     # the binds are using (they end well within the binding grace).

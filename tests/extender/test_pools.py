@@ -8,7 +8,6 @@ Cluster used below (A100 = 312 TFLOPs):
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from extender.objects import DEVICES_ANNOTATION, decode_devices
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Hardware
 from solver import NodeState
 from solver.model import GpuDemand, GpuDevice, Node, NodeName, PodShape, Resources
-from tests.extender.fakes import FakeKube, mark_listed, node, pod
+from tests.extender.fakes import FakeKube, node, pod, serving
 from tests.extender.test_server import call
 
 CONFIG = """
@@ -53,14 +52,8 @@ def ext() -> Iterator[Extender]:
         ]
     )
     extender.cache.replace_pods([])
-    mark_listed(extender)
-    for r in extender.reflectors:
-        r.listed.set()
-    thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield extender
-    extender.server.shutdown()
-    extender.server.server_close()
+    with serving(extender):
+        yield extender
 
 
 def tflops_pod(name: str, tflops: str, pool: str = "", **extra: str) -> dict[str, Any]:

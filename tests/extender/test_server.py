@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ import pytest
 
 from extender.app import Extender, Options
 from extender.objects import DEVICES_ANNOTATION
-from tests.extender.fakes import FakeKube, node, pod
+from tests.extender.fakes import FakeKube, node, pod, serving
 
 
 @pytest.fixture
@@ -22,13 +21,8 @@ def ext() -> Iterator[tuple[Extender, FakeKube]]:
     extender = Extender(kube, Options(port=0))
     extender.cache.replace_nodes([node("n0", gpus=2), node("n1", gpus=8)])
     extender.cache.replace_pods([])
-    for r in extender.reflectors:
-        r.listed.set()
-    thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield extender, kube
-    extender.server.shutdown()
-    extender.server.server_close()
+    with serving(extender):
+        yield extender, kube
 
 
 def call(extender: Extender, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:

@@ -21,7 +21,7 @@ import pytest
 from extender.app import Extender, Options
 from extender.server import Limits, Reply, Server
 from extender.verbs import PARSED_POD_BYTES
-from tests.extender.fakes import FakeKube, node, pod
+from tests.extender.fakes import FakeKube, node, pod, serving
 
 LIMITS = Limits(verb_body=2**20, api_body=2**16, read_timeout_s=0.5, idle_timeout_s=1.0, connections=16)
 SLACK_S = 3.0  # scheduling noise on a shared 2-core machine
@@ -40,14 +40,8 @@ def extender() -> Iterator[Extender]:
     p = pod("p", gpus=1, uid="u1")
     kube.pods["default/p"] = p
     extender.cache.replace_pods([p])
-    for r in extender.reflectors:
-        r.listed.set()
-    thread = threading.Thread(target=extender.server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield extender
-    extender.server.shutdown()
-    extender.server.close_connections()
-    extender.server.server_close()
+    with serving(extender):
+        yield extender
 
 
 @pytest.fixture
