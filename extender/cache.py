@@ -241,15 +241,11 @@ class Cache:
 
     # ------------------------------------------------------------------ assume / forget
 
-    def assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...], *, known_only: bool = False) -> bool:
-        """Count a pod on `node` now, before the API server and the watch confirm it. With
-        `known_only`, only a pod the watch has shown (a gang member deleted while its gang
-        was solved gets no reservation). Whether it was assumed."""
+    def assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
+        """initial -> assumed: count a pod on `node` now, before the API server and the watch
+        confirm it (binds use `assume_chosen`, gang reservations `assume_all`)."""
         with self._lock:
-            if known_only and uid not in self._pods:
-                return False
             self._assume(uid, node, devices)
-            return True
 
     def _assume(self, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
         previous = self._assumed.get(uid)

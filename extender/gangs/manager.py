@@ -120,9 +120,6 @@ class GangManager:
     def gang_of(self, pod: PodInfo) -> str:
         return self.membership.gang_of(pod)
 
-    def rekey(self, uids: set[str]) -> None:
-        self.membership.rekey(uids)
-
     def _resolve(self, pod: PodInfo) -> tuple[str, Resolution] | None:
         """The pod's gang key and definition, or None when it is scheduled as a single pod."""
         key = self.gang_of(pod)
