@@ -136,7 +136,7 @@ class Verbs:
         """The request's candidate nodes. kube-scheduler names nodes of the cluster our cache
         mirrors: a list far longer than the cluster (past twice its size and 1,000) is refused,
         so a client cannot make one call cost memory in proportion to what it invents."""
-        names = _node_names(args)
+        names = wire.node_names(args)
         nodes, _ = self.cache.counts()
         if len(names) > max(2 * nodes, 1000):
             raise BadRequest(f"NodeNames lists {len(names)} nodes; the cluster has {nodes}")
@@ -451,7 +451,3 @@ class Verbs:
             if model is not None and fits(model, shape):
                 kept[node] = meta
         return {"NodeNameToMetaVictims": kept}
-
-
-def _node_names(args: dict[str, Any]) -> list[str]:
-    return wire.node_names(args)
