@@ -65,6 +65,7 @@ import yaml
 
 from benchmarks.common import finish, median, parser, percentile
 from benchmarks.kwok import NS, ROOT, http_json, kwok_session
+from deploy.local.versions import KUBERNETES_VERSION
 from extender.kube import Expired, RestKube
 
 CRD = ROOT / "config/crds/phalanx.io_workloads.yaml"
@@ -518,7 +519,9 @@ def report(results: list[ClusterResult], args: argparse.Namespace) -> tuple[list
     by_nodes: dict[str, Any] = {}
     for c in results:
         sizes = size_figures(c.runs)
-        lines.append(f"{c.nodes} KWOK nodes (8 GPUs each), kube-scheduler v1.36.3 + Phalanx extender subprocess")
+        lines.append(
+            f"{c.nodes} KWOK nodes (8 GPUs each), kube-scheduler {KUBERNETES_VERSION} + Phalanx extender subprocess"
+        )
         for size, f in sizes.items():
             lines.append(
                 f"  gang {size:>4}: last created -> all bound p50 {fmt(f['p50'])} s  p99 {fmt(f['p99'])} s "

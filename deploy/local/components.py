@@ -9,8 +9,10 @@ Everything binds to 127.0.0.1 on ports chosen free at start. Choices that matter
   TaintNodesByCondition (it taints new nodes ``node.kubernetes.io/not-ready:NoSchedule`` and
   only the node-lifecycle controller would remove the taint). The endpoint reconciler is off
   too: it would publish the loopback address as the ``kubernetes`` Service endpoint.
-* Alpha workload APIs: ``scheduling.k8s.io/v1alpha2`` (Workload, PodGroup) is enabled through
-  ``--runtime-config`` and the GenericWorkload gate; see :data:`DEFAULT_APISERVER_GATES`.
+* Workload APIs: ``scheduling.k8s.io/v1beta1`` (Workload, PodGroup; beta in 1.37, off by
+  default) is enabled through ``--runtime-config`` and the GenericWorkload gate; see
+  :data:`DEFAULT_APISERVER_GATES`. Phalanx also reads the 1.36 ``v1alpha2`` shape of the same
+  objects, which 1.37 no longer serves.
 * kube-scheduler serves health on its secure port with an in-memory self-signed certificate.
 * kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake`` and serves ``/healthz``.
 """
@@ -30,23 +32,20 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 DEFAULT_APISERVER_GATES: Mapping[str, bool] = MappingProxyType(
     {
-        # Serves scheduling.k8s.io/v1alpha2 Workload and PodGroup and Pod.spec.schedulingGroup.
+        # Serves scheduling.k8s.io/v1beta1 Workload and PodGroup and Pod.spec.schedulingGroup
+        # (beta in 1.37, default off; it carries the gang-scheduling fields since 1.37).
         "GenericWorkload": True,
-        # Gang-scheduling fields; the API server needs it so they are not dropped on write.
-        "GangScheduling": True,
-        # PodGroup topology constraints and workload-aware preemption fields (alpha in 1.36).
+        # PodGroup topology constraints (alpha since 1.36); without it they are dropped on write.
         "TopologyAwareWorkloadScheduling": True,
-        "WorkloadAwarePreemption": True,
     }
 )
 DEFAULT_SCHEDULER_GATES: Mapping[str, bool] = MappingProxyType(
     {
         # kube-scheduler's own PodGroup handling; Phalanx's extender works with or without it.
         "GenericWorkload": True,
-        "GangScheduling": True,
     }
 )
-DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ("scheduling.k8s.io/v1alpha2=true",)
+DEFAULT_RUNTIME_CONFIG: tuple[str, ...] = ("scheduling.k8s.io/v1beta1=true",)
 
 
 @dataclass(frozen=True)

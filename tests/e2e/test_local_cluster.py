@@ -90,11 +90,12 @@ def test_plain_pod_is_scheduled_to_a_kwok_node_and_runs(cluster: LocalCluster, n
     assert node.metadata.labels["type"] == "kwok"
 
 
-def test_scheduling_v1alpha2_workload_api_is_served(cluster: LocalCluster) -> None:
-    """scheduling.k8s.io/v1alpha2 serves Workload and PodGroup (GenericWorkload gate on)."""
+def test_scheduling_v1beta1_workload_api_is_served(cluster: LocalCluster) -> None:
+    """scheduling.k8s.io/v1beta1 serves Workload and PodGroup (Kubernetes 1.37, GenericWorkload
+    gate on and the version enabled: beta APIs are off by default)."""
     with cluster.api_client() as api:
-        resources = client.CustomObjectsApi(api).get_api_resources("scheduling.k8s.io", "v1alpha2")
-    assert {"workloads", "podgroups"} <= {r.name for r in resources.resources}
+        resources = client.CustomObjectsApi(api).get_api_resources("scheduling.k8s.io", "v1beta1")
+    assert {"workloads", "podgroups", "podgroups/status"} <= {r.name for r in resources.resources}
 
 
 class _RecordingExtender(BaseHTTPRequestHandler):
