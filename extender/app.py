@@ -55,6 +55,9 @@ from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
 from solver import SolverParams
 
+# Gang definition kinds also served at an older version by older Kubernetes releases.
+OLDER_VERSIONS = {"/apis/scheduling.k8s.io/v1beta1/podgroups": ("/apis/scheduling.k8s.io/v1alpha2/podgroups",)}
+
 log = structlog.get_logger("phalanx.app")
 
 
@@ -112,7 +115,8 @@ class Extender:
             self._definitions(path, kind, name)
             for path, kind, name in (
                 ("/apis/phalanx.io/v1alpha1/workloads", WORKLOAD, "workloads.phalanx.io"),
-                ("/apis/scheduling.k8s.io/v1alpha2/podgroups", NATIVE_POD_GROUP, "podgroups.scheduling.k8s.io"),
+                # v1beta1 on Kubernetes 1.37, v1alpha2 on 1.36: whichever is served.
+                ("/apis/scheduling.k8s.io/v1beta1/podgroups", NATIVE_POD_GROUP, "podgroups.scheduling.k8s.io"),
                 (
                     "/apis/scheduling.x-k8s.io/v1alpha1/podgroups",
                     COSCHEDULING_POD_GROUP,
@@ -153,12 +157,14 @@ class Extender:
         self._listed: dict[tuple[str, str], dict[str, str]] = {}  # kind -> ns/name -> resourceVersion
 
     def _definitions(self, path: str, kind: tuple[str, str], name: str) -> Reflector:
-        """A watch of gang definitions of one kind; the API may not be served (CRD absent)."""
+        """A watch of gang definitions of one kind; the API may not be served (CRD absent),
+        and a kind that moved between versions is watched at the one served."""
         return Reflector(
             self.kube,
             path,
             name=name,
             optional=True,
+            alternatives=OLDER_VERSIONS.get(path, ()),
             on_list=lambda items: self._definitions_listed(kind, items),
             on_event=lambda event, obj: self._definition_event(kind, event, obj),
         )

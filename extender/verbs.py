@@ -432,15 +432,27 @@ class Verbs:
 
     # ------------------------------------------------------------------ preempt
 
+    def _splits_a_gang(self, node: str, meta: Any) -> bool:
+        assert self.gangs is not None
+        uids = {str(v.get("UID", "")) for v in (meta or {}).get("Pods") or []}
+        why = self.gangs.splits_a_gang(uids)
+        if why:
+            log.info("preemption candidate dropped", node=node, reason=why)
+            self.metrics.outcomes.labels("preempt", "gang-whole").inc()
+        return bool(why)
+
     def preempt(self, args: dict[str, Any]) -> dict[str, Any]:
         """Keep the candidate nodes where evicting the proposed victims frees devices that fit
-        the preemptor; drop the others (kube-scheduler then skips them). A gang member gets
+        the preemptor; drop the others (kube-scheduler then skips them), and drop a node whose
+        victims take part of a gang that is disrupted only whole. A gang member gets
         no candidates at all when no eviction can place its gang (no quorum, no definition,
         a plan already, or no fit even with every lower-priority pod gone)."""
         pod, victims = self._pod(args), wire.victims(args)
         if self.gangs is not None and self.gangs.preemption_helps(pod) is False:
             self.metrics.outcomes.labels("preempt", "gang-unhelped").inc()
             return {"NodeNameToMetaVictims": {}}
+        if self.gangs is not None:
+            victims = {node: meta for node, meta in victims.items() if not self._splits_a_gang(node, meta)}
         if pod.demand.kind is GpuKind.NONE or pod.error:
             return {"NodeNameToMetaVictims": victims}
         shape = self._ask(pod).shape

@@ -48,10 +48,15 @@ class Reflector:
         page: int = 500,
         selector: dict[str, str] | None = None,
         optional: bool = False,
+        alternatives: tuple[str, ...] = (),
     ) -> None:
         self.optional = optional  # an API that may not be served (yet): poll quietly for it
         self.kube = kube
-        self.path = path
+        # The same resource at other API versions, tried in turn while the current one is not
+        # served (404): a kind that moved from v1alpha2 to v1beta1 is watched at whichever the
+        # API server serves, the first that answers wins until it stops being served.
+        self.paths = (path, *alternatives)
+        self._current = 0
         self.selector = selector or {}
         self.on_list = on_list
         self.on_event = on_event
@@ -62,6 +67,10 @@ class Reflector:
         self.stopped = threading.Event()
         self.resource_version = ""
         self._absent_logged = False
+
+    @property
+    def path(self) -> str:
+        return self.paths[self._current]
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"watch-{self.name}", daemon=True)
@@ -87,11 +96,13 @@ class Reflector:
                 need_list = True
             except ApiError as e:
                 if self.optional and e.status == 404:
-                    if not self._absent_logged:
-                        log.info("API not served; polling for it", resource=self.name)
-                        self._absent_logged = True
                     need_list = True
-                    self.stopped.wait(ABSENT_POLL_S)
+                    self._current = (self._current + 1) % len(self.paths)
+                    if self._current == 0:  # every version asked once: wait before the next round
+                        if not self._absent_logged:
+                            log.info("API not served; polling for it", resource=self.name, paths=self.paths)
+                            self._absent_logged = True
+                        self.stopped.wait(ABSENT_POLL_S)
                     continue
                 backoff = self._retry(e, backoff, started)
                 need_list = need_list or e.status in (401, 403, 404)
@@ -115,7 +126,15 @@ class Reflector:
             if cont:
                 query["continue"] = cont
             body: Any = check(self.kube.request("GET", self.path, query=query), f"list {self.name}")
-            items.extend(body.get("items") or [])
+            page_items = body.get("items") or []
+            # List items of built-in kinds carry no apiVersion/kind (watch events do): stamp the
+            # list's own, so a consumer knows which version of a moved kind it holds.
+            api_version, kind = body.get("apiVersion"), str(body.get("kind") or "").removesuffix("List")
+            for item in page_items:
+                if isinstance(item, dict) and api_version and "apiVersion" not in item:
+                    item["apiVersion"] = api_version
+                    item.setdefault("kind", kind)
+            items.extend(page_items)
             meta = body.get("metadata") or {}
             cont = meta.get("continue") or ""
             if not cont:

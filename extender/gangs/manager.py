@@ -425,6 +425,19 @@ class GangManager:
             log.info("preemption cannot place the gang", gang=key, pod=pod.key, priority=pod.priority)
         return helps
 
+    def splits_a_gang(self, victims: set[str]) -> str:
+        """Why evicting `victims` (pod uids) would break a gang that is disrupted only whole
+        (a PodGroup with `disruptionMode: all` whose members are not all among them), or ""."""
+        for pod in self.cache.pods(victims):
+            resolved = self._resolve(pod)
+            if resolved is None or resolved[1].spec is None or not resolved[1].spec.disrupt_together:
+                continue
+            key = resolved[0]
+            spared = [p.name for p in self.membership.member_pods(key) if p.uid not in victims]
+            if spared:
+                return f"gang {key} is disrupted only whole; {len(spared)} member(s) would stay, e.g. {spared[0]}"
+        return ""
+
     # ------------------------------------------------------------------ permit at bind
 
     def permit(self, pod: PodInfo, node: str) -> str | None:

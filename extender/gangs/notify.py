@@ -2,8 +2,10 @@
 
 Each step of a gang (planned, unschedulable, released, scheduled) becomes an Event on the
 defining object, and its status: a Phalanx Workload gets `status.phase`, `status.placement`
-and `status.pendingReason`; a scheduling.k8s.io PodGroup gets the `PodGroupScheduled`
-condition as kube-scheduler writes it (True once scheduled; False with reason Unschedulable).
+and `status.pendingReason`; a scheduling.k8s.io PodGroup gets the condition kube-scheduler
+writes, at the object's own version: v1beta1's `PodGroupInitiallyScheduled` (True once
+scheduled, then terminal; False with reason Unschedulable before that) or v1alpha2's
+`PodGroupScheduled` (the current state).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import structlog
 
 from extender.binder import Binder
-from extender.gangs.sources import NATIVE_POD_GROUP, WORKLOAD, GangSpec
+from extender.gangs.sources import INITIALLY_SCHEDULED, NATIVE_POD_GROUP, WORKLOAD, GangSpec
 
 log = structlog.get_logger("phalanx.gangs.notify")
 
@@ -140,17 +142,29 @@ class Notifier:
                 "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
             )
         elif spec.source == NATIVE_POD_GROUP and reason in ("Scheduled", "Unschedulable", "Released"):
+            api_version = str(spec.owner.get("apiVersion") or "scheduling.k8s.io/v1beta1")
+            if api_version.endswith("/v1alpha2"):
+                kind = "PodGroupScheduled"  # 1.36: tracks the current state
+            elif spec.initially_scheduled and reason != "Scheduled":
+                return  # v1beta1's PodGroupInitiallyScheduled is terminal once True
+            else:
+                kind = INITIALLY_SCHEDULED
             now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             condition = {
-                "type": "PodGroupScheduled",
+                "type": kind,
                 "status": "True" if reason == "Scheduled" else "False",
                 "reason": "Scheduled" if reason == "Scheduled" else "Unschedulable",
                 "message": message[:1024],
                 "lastTransitionTime": now,
             }
-            path = f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{meta['namespace']}/podgroups/{meta['name']}/status"
+            path = f"/apis/{api_version}/namespaces/{meta['namespace']}/podgroups/{meta['name']}/status"
+            # Strategic merge by condition type: other writers' conditions (DisruptionTarget,
+            # kube-scheduler's own) are kept.
             self.binder.kube.request(
-                "PATCH", path, body={"status": {"conditions": [condition]}}, content_type="application/merge-patch+json"
+                "PATCH",
+                path,
+                body={"status": {"conditions": [condition]}},
+                content_type="application/strategic-merge-patch+json",
             )
 
 

@@ -4,9 +4,11 @@ A pod joins a gang through one of:
 1. Phalanx Workload (`phalanx.io/v1alpha1`): label `phalanx.io/workload=<name>`, optional
    `phalanx.io/gang-group=<group>` (default: the first group) and, with
    `replicaMode: ReplicatedGangs`, `phalanx.io/gang-replica=<i>` (each replica its own gang).
-2. Kubernetes `scheduling.k8s.io/v1alpha2` PodGroup: pod `spec.schedulingGroup.podGroupName`;
-   gang `minCount` from `spec.schedulingPolicy.gang`, the required topology key from
-   `spec.schedulingConstraints.topology[0].key`.
+2. Kubernetes `scheduling.k8s.io` PodGroup, `v1beta1` (Kubernetes 1.37) or `v1alpha2` (1.36),
+   whichever the API server serves: pod `spec.schedulingGroup.podGroupName`; gang `minCount`
+   from `spec.schedulingPolicy.gang` (mutable in v1beta1: a change re-plans the gang), the
+   required topology key from `spec.schedulingConstraints.topology[0].key`, and
+   `spec.disruptionMode` (`all`: never preempted in part).
 3. scheduler-plugins PodGroup (`scheduling.x-k8s.io/v1alpha1`): label
    `scheduling.x-k8s.io/pod-group=<name>`; `spec.minMember`, `spec.scheduleTimeoutSeconds`.
 4. Volcano PodGroup (`scheduling.volcano.sh/v1beta1`): pod annotation
@@ -42,6 +44,7 @@ VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 KAI_ANNOTATION = "pod-group-name"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
 KAI_PREFERRED = "kai.scheduler/topology-preferred-placement"
+INITIALLY_SCHEDULED = "PodGroupInitiallyScheduled"  # scheduling.k8s.io/v1beta1's condition
 
 WORKLOAD = ("phalanx.io", "Workload")
 NATIVE_POD_GROUP = ("scheduling.k8s.io", "PodGroup")
@@ -69,6 +72,11 @@ class GangSpec:
     priority: int = 0
     enabled: bool = True  # gangMode Off: members are scheduled as single pods
     declared: int = 0  # members the definition declares (0: it does not say)
+    # scheduling.k8s.io PodGroup `disruptionMode: {all: {}}`: its members are disrupted together
+    # or not at all, so preemption never takes some of them.
+    disrupt_together: bool = False
+    # v1beta1's `PodGroupInitiallyScheduled` is already True: terminal, never written False.
+    initially_scheduled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +152,11 @@ def kai_topology(annotations: dict[str, str]) -> TopologyRequest:
 
 
 def _owner(obj: JSON, api_version: str, kind: str) -> JSON:
+    """The reference Events and status writes use; the object's own apiVersion when it says
+    (a scheduling.k8s.io PodGroup is v1beta1 on 1.37, v1alpha2 on 1.36)."""
     meta = obj.get("metadata") or {}
     return {
-        "apiVersion": api_version,
+        "apiVersion": str(obj.get("apiVersion") or api_version),
         "kind": kind,
         "metadata": {"name": meta.get("name", ""), "namespace": meta.get("namespace", ""), "uid": meta.get("uid", "")},
     }
@@ -225,20 +235,26 @@ def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:
     spec = obj.get("spec") or {}
     gang = (spec.get("schedulingPolicy") or {}).get("gang")
     topology = ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", "")
-    min_count = int((gang or {}).get("minCount") or 1)
+    min_count = int((gang or {}).get("minCount") or 1)  # mutable in v1beta1: read on every change
+    conditions = (obj.get("status") or {}).get("conditions") or []
     return Resolution(
         key,
         GangSpec(
             key=key,
             namespace=namespace,
             source=NATIVE_POD_GROUP,
-            owner=_owner(obj, "scheduling.k8s.io/v1alpha2", "PodGroup"),
+            owner=_owner(obj, "scheduling.k8s.io/v1beta1", "PodGroup"),
             min_count=min_count,
             count=0,
             timeout_s=DEFAULT_TIMEOUT_S,
             topology=TopologyRequest(required=topology),
             priority=int(spec.get("priority") or 0),
             enabled=gang is not None,
+            disrupt_together="all" in (spec.get("disruptionMode") or {}),
+            initially_scheduled=any(
+                isinstance(c, dict) and c.get("type") == INITIALLY_SCHEDULED and c.get("status") == "True"
+                for c in conditions
+            ),
         ),
     )
 

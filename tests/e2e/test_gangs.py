@@ -220,20 +220,47 @@ def test_min_count_below_count_binds_at_least_min_count(extender: dict[str, Exte
     delete_pods(kube, "role=filler")
 
 
-def test_a_native_scheduling_k8s_io_pod_group_gang(extender: dict[str, Extender], kube: RestKube) -> None:
+def test_a_v1beta1_pod_group_gang_with_its_min_count_lowered(extender: dict[str, Extender], kube: RestKube) -> None:
+    """A scheduling.k8s.io/v1beta1 PodGroup (Kubernetes 1.37) asks for 5 members; 4 exist, so
+    the gang waits for quorum. v1beta1 made minCount mutable: lowered to 4, the gang is placed
+    whole in one rack and the PodGroup reports PodGroupInitiallyScheduled."""
+    api = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NS}/podgroups"
     group = {
-        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "apiVersion": "scheduling.k8s.io/v1beta1",
         "kind": "PodGroup",
         "metadata": {"name": "native", "namespace": NS},
-        "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}, "schedulingConstraints": {"topology": [{"key": RACK}]}},
+        "spec": {
+            "schedulingPolicy": {"gang": {"minCount": 5}},
+            "schedulingConstraints": {"topology": [{"key": RACK}]},
+            "disruptionMode": {"all": {}},
+        },
     }
-    r = kube.request("POST", f"/apis/scheduling.k8s.io/v1alpha2/namespaces/{NS}/podgroups", body=group)
+    r = kube.request("POST", api, body=group)
     assert r.status == 201, r.body
-    for i in range(4):
-        member(kube, f"native-{i}", {"group": "native"}, gpus=4, spec={"schedulingGroup": {"podGroupName": "native"}})
-    placed = wait("native gang bound", lambda: (b := bound(kube, "group=native")) and len(b) == 4 and b)
-    assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
-    delete_pods(kube, "group=native")
+    try:
+        for i in range(4):
+            spec = {"schedulingGroup": {"podGroupName": "native"}}
+            member(kube, f"native-{i}", {"group": "native"}, gpus=4, spec=spec)
+        key = f"pg:{NS}/native"
+        seen = wait(
+            "Phalanx sees the 4 members",
+            lambda: [g for g in extender["current"].gangs.describe() if g["key"] == key and g["members"] == 4],
+        )
+        assert seen[0]["plan"] == {} and bound(kube, "group=native") == []  # 4 < minCount 5
+        patch = {"spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}}
+        r = kube.request("PATCH", f"{api}/native", body=patch, content_type="application/merge-patch+json")
+        assert r.status == 200, r.body
+        placed = wait("native gang bound", lambda: (b := bound(kube, "group=native")) and len(b) == 4 and b)
+        assert len({labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed}) == 1
+
+        def initially_scheduled() -> bool:
+            conditions = (kube.request("GET", f"{api}/native").body.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "PodGroupInitiallyScheduled" and c["status"] == "True" for c in conditions)
+
+        wait("PodGroupInitiallyScheduled True", initially_scheduled)
+    finally:
+        delete_pods(kube, "group=native")
+        kube.request("DELETE", f"{api}/native")
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ class FakeKube:
     pods: dict[str, JSON] = field(default_factory=dict)  # "ns/name" -> pod
     lists: dict[str, list[list[JSON]]] = field(default_factory=dict)  # path -> successive list results
     streams: dict[str, list[list[JSON] | type[Exception]]] = field(default_factory=dict)
+    list_kinds: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (apiVersion, kind) of its lists
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     fail_bind: bool = False
 
@@ -40,7 +41,10 @@ class FakeKube:
         self.calls.append((method, path, copy.deepcopy(body)))
         if method == "GET" and path in self.lists:
             items = self.lists[path].pop(0) if len(self.lists[path]) > 1 else self.lists[path][0]
-            return Response(200, {"items": items, "metadata": {"resourceVersion": "10"}})
+            body = {"items": items, "metadata": {"resourceVersion": "10"}}
+            if path in self.list_kinds:
+                body["apiVersion"], body["kind"] = self.list_kinds[path]
+            return Response(200, body)
         parts = path.strip("/").split("/")
         if len(parts) >= 6 and parts[4] == "pods":
             key = f"{parts[3]}/{parts[5]}"
