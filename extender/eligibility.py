@@ -1,4 +1,5 @@
-"""Which nodes a pod may use: nodeSelector, required node affinity, taints and tolerations.
+"""Which nodes a pod may use: nodeSelector, required node affinity, taints and tolerations;
+and which it prefers: preferred node affinity.
 
 For single pods kube-scheduler has already filtered the candidates it sends; a gang is planned
 for members that have not been through the scheduler yet, so the extender evaluates the same
@@ -73,3 +74,20 @@ def _tolerated(taint: tuple[str, str, str], tolerations: list[JSON]) -> bool:
         elif t.get("key") == key and (t.get("value") or "") == value:
             return True
     return False
+
+
+def preference(node_name: str, labels: Mapping[str, str], pod_spec: JSON) -> int:
+    """The summed weights of the pod's preferred node-affinity terms this node matches
+    (kube-scheduler's NodeAffinity score before normalising); 0 without preferred terms."""
+    preferred = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ) or []
+    total = 0
+    for entry in preferred:
+        if not isinstance(entry, dict):
+            continue
+        weight = entry.get("weight")
+        term = entry.get("preference")
+        if isinstance(weight, int) and not isinstance(weight, bool) and 0 < weight <= 100 and isinstance(term, dict):
+            total += weight if term_matches(node_name, labels, term) else 0
+    return total

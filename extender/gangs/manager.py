@@ -53,7 +53,6 @@ from solver import ClusterSnapshot, DeviceAssignment, GangPlan, GangRequest, Out
 
 log = structlog.get_logger("phalanx.gangs")
 
-WAITING_QUORUM = "waiting for gang quorum"
 GANG_TIMEOUT = "gang timed out at bind"
 NO_RESERVATION = "no reservation for this member"
 INVALID_GANG = "invalid gang request"
@@ -62,6 +61,7 @@ BINDING_GRACE_S = 120.0  # once the gate opened, binds finish long before this; 
 PREEMPT_MEMO_S = 5.0  # how long the answer to "would evictions place this gang?" is reused
 PREEMPT_TIME_LIMIT_S = 0.25  # the what-if solve runs in kube-scheduler's PostFilter: keep it short
 MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
+WAITING_QUORUM = requests.WAITING_QUORUM
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
 
@@ -165,8 +165,9 @@ class GangManager:
                 state.parked.add(pod.uid)
                 return Verdict.unresolvable(reason)
             pods = self.membership.member_pods(key)
-            if len(pods) < spec.min_count:  # no eviction helps: the members do not exist yet
-                state.reason = f"{WAITING_QUORUM} {len(pods)}/{spec.min_count}"
+            shortfall = requests.quorum_shortfall(spec, pods)
+            if shortfall:  # no eviction helps: the members do not exist yet
+                state.reason = shortfall
                 state.parked.add(pod.uid)
                 return Verdict.unresolvable(state.reason)
             # A gang that did not fit is solved again only once the cluster or its members changed:
@@ -294,7 +295,7 @@ class GangManager:
             return None
         pods = self.membership.member_pods(state.key)
         members = self._members(state, pods)
-        if not members.pending or len(pods) < spec.min_count:
+        if not members.pending or requests.quorum_shortfall(spec, pods):
             return None
         return Entry(state.key, spec, members, [r.node for r in state.plan.values()])
 
@@ -402,7 +403,7 @@ class GangManager:
             if state.plan:
                 return False
             pods = self.membership.member_pods(key)
-            entry = self._entry(state) if len(pods) >= res.spec.min_count else None
+            entry = self._entry(state)
             if entry is None:
                 return False
             # kube-scheduler asks once per member and attempt; the cluster-wide what-if is reused

@@ -22,6 +22,7 @@ from extender.pools import Hardware, Pool
 from solver import ClusterSnapshot, EqGroup, GangName, GangRequest, GpuDemand, NodeName, PodShape, Resources
 
 PoolModels = Callable[[Pool], frozenset[str] | None]
+WAITING_QUORUM = "waiting for gang quorum"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,25 @@ def split(pods: Sequence[PodInfo], *, planned: Collection[str], bound_here: Coll
     bound = [p for p in pods if p.node or p.uid in bound_here]
     pending = [p for p in pods if not p.node and p.uid not in bound_here and p.uid not in planned]
     return Members(pending, bound)
+
+
+def quorum_shortfall(spec: GangSpec, pods: Sequence[PodInfo]) -> str:
+    """Why the gang cannot be planned yet for want of members ("" when it can): fewer than
+    minCount members, or a sub-group that must be placed with fewer members than its minimum.
+    No eviction helps either: the members do not exist yet."""
+    if len(pods) < spec.min_count:
+        return f"{WAITING_QUORUM} {len(pods)}/{spec.min_count}"
+    if not spec.subgroups:
+        return ""
+    present: dict[str, int] = defaultdict(int)
+    for p in pods:
+        present[spec.subgroup_of(p.labels)] += 1
+    short = [(g, present[g.name]) for g in spec.subgroups if present[g.name] < max(1, g.min_count)]
+    required = len(spec.subgroups) if not spec.min_subgroups else spec.min_subgroups
+    if len(spec.subgroups) - len(short) >= required:
+        return ""
+    g, have = short[0]
+    return f"{WAITING_QUORUM} of sub-group {g.name} {have}/{max(1, g.min_count)}"
 
 
 @dataclass

@@ -45,6 +45,8 @@ KAI_ANNOTATION = "pod-group-name"
 KAI_REQUIRED = "kai.scheduler/topology-required-placement"
 KAI_PREFERRED = "kai.scheduler/topology-preferred-placement"
 INITIALLY_SCHEDULED = "PodGroupInitiallyScheduled"  # scheduling.k8s.io/v1beta1's condition
+RANKED_GROUP_LABEL = "phalanx.io/ranked-group"  # a Workload member's ranked group (sub-group)
+KAI_SUBGROUP_LABEL = "kai.scheduler/subgroup-name"  # a KAI PodGroup member's leaf sub-group
 
 WORKLOAD = ("phalanx.io", "Workload")
 NATIVE_POD_GROUP = ("scheduling.k8s.io", "PodGroup")
@@ -55,6 +57,16 @@ KAI_POD_GROUP = ("scheduling.run.ai", "PodGroup")
 DEFINITION_PREFIXES = ("wl", "pg", "cs", "vc", "kai", "ri")
 
 DEFAULT_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class SubGroupSpec:
+    """A part of a gang with its own minimum and topology: a Workload's ranked group, a KAI
+    PodGroup's leaf sub-group. Placed whole (at least `min_count`) or not at all."""
+
+    name: str
+    min_count: int  # 0: all its members
+    topology: TopologyRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +89,16 @@ class GangSpec:
     disrupt_together: bool = False
     # v1beta1's `PodGroupInitiallyScheduled` is already True: terminal, never written False.
     initially_scheduled: bool = False
+    subgroups: tuple[SubGroupSpec, ...] = ()
+    min_subgroups: int = 0  # sub-groups that must be placed; 0: all of them
+    subgroup_label: str = ""  # the pod label naming a member's sub-group
+    default_subgroup: str = ""  # the sub-group of a member without that label ("" for none)
+
+    def subgroup_of(self, labels: Mapping[str, str]) -> str:
+        """The sub-group a member with these labels belongs to ("" for none)."""
+        if not self.subgroups:
+            return ""
+        return labels.get(self.subgroup_label, "") or self.default_subgroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +218,13 @@ def _workload(objects: GangObjects, namespace: str, labels: dict[str, str]) -> R
         return Resolution(key, None, f"Workload {namespace}/{name} has no gang group {group_name!r}")
     count = _group_count(group)
     min_count = int(group.get("minCount") or count or 1)
+    ranked = [
+        SubGroupSpec(str(rg["name"]), int(rg.get("minCount") or 0), _topology(rg.get("topologyRequest") or {}))
+        for rg in group.get("rankedGroups") or []
+        if rg.get("name") and (rg.get("topologyRequest") or rg.get("minCount"))
+    ]
+    # One ranked group with a constraint: every member is in it, labelled or not.
+    single = ranked[0].name if len(group.get("rankedGroups") or []) == 1 and ranked else ""
     return Resolution(
         key,
         GangSpec(
@@ -210,6 +239,9 @@ def _workload(objects: GangObjects, namespace: str, labels: dict[str, str]) -> R
             topology=_topology(group.get("topologyRequest") or {}),
             priority=int(group.get("priority") or 0),
             enabled=group.get("gangMode", "Gang") != "Off",
+            subgroups=tuple(ranked),
+            subgroup_label=RANKED_GROUP_LABEL,
+            default_subgroup=single,
         ),
     )
 
@@ -284,6 +316,7 @@ def _min_member(objects: GangObjects, kind: _MinMemberKind, namespace: str, name
         return Resolution(key, None, f"waiting for PodGroup {namespace}/{name} ({kind.kind[0]})")
     spec = obj.get("spec") or {}
     constraint = (spec.get("topologyConstraint") or {}) if kind.kai_topology else {}
+    subgroups = _kai_subgroups(spec) if kind.kai_topology else ()
     return Resolution(
         key,
         GangSpec(
@@ -296,9 +329,28 @@ def _min_member(objects: GangObjects, kind: _MinMemberKind, namespace: str, name
             timeout_s=int(spec.get("scheduleTimeoutSeconds") or DEFAULT_TIMEOUT_S)
             if kind.timeout
             else DEFAULT_TIMEOUT_S,
-            topology=TopologyRequest(
-                required=str(constraint.get("requiredTopologyLevel") or ""),
-                preferred=str(constraint.get("preferredTopologyLevel") or ""),
-            ),
+            topology=_kai_topology(constraint),
+            subgroups=subgroups,
+            min_subgroups=int(spec.get("minSubGroup") or 0) if subgroups else 0,
+            subgroup_label=KAI_SUBGROUP_LABEL if subgroups else "",
         ),
+    )
+
+
+def _kai_topology(constraint: JSON) -> TopologyRequest:
+    return TopologyRequest(
+        required=str(constraint.get("requiredTopologyLevel") or ""),
+        preferred=str(constraint.get("preferredTopologyLevel") or ""),
+    )
+
+
+def _kai_subgroups(spec: JSON) -> tuple[SubGroupSpec, ...]:
+    """KAI's leaf sub-groups (pods name a leaf in `kai.scheduler/subgroup-name`). A parent
+    sub-group's own topology is not applied: Phalanx's sub-groups are one level deep."""
+    entries = [g for g in spec.get("subGroups") or [] if isinstance(g, dict) and g.get("name")]
+    parents = {str(g["parent"]) for g in entries if g.get("parent")}
+    return tuple(
+        SubGroupSpec(str(g["name"]), int(g.get("minMember") or 0), _kai_topology(g.get("topologyConstraint") or {}))
+        for g in entries
+        if str(g["name"]) not in parents
     )
