@@ -1047,6 +1047,10 @@ class Shot:
     half_close: bool = False  # the client stops sending (a truncated body)
 
 
+#: The Authorization header of the workload-type writes (set once the cluster is up).
+ADMIN: dict[str, str] = {}
+FORGED = {"Authorization": "Bearer forged-token"}
+
 WT_BODY = yaml.safe_load((ROOT / "config/resource-interfaces/jobset.yaml").read_text())
 
 
@@ -1097,7 +1101,9 @@ def catalogue(rng: random.Random, nodes: list[str]) -> Iterator[Shot]:
         for method in METHODS:
             yield Shot(f"{method} {path}", _request(method, path, b"{}" if method in ("POST", "PUT") else b""))
     for case, data in SPECIAL_TYPES:
-        yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data))
+        yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data, ADMIN))
+    yield Shot("POST workload-types without a token", _request("POST", "/api/v1/workload-types", b"name: x"))
+    yield Shot("DELETE stats with a forged token", _request("DELETE", "/api/v1/stats", b"", FORGED))
     yield _huge(rng, "filter", nodes)
 
 
@@ -1143,10 +1149,11 @@ def shots(rng: random.Random, n: int, nodes: list[str], huge_every: int) -> Iter
             yield Shot(f"{method} {path}", _request(method, path, b"{}" if method in ("POST", "PUT") else b""))
         elif roll < 0.97:
             case, data = _workload_type(rng)
-            yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data))
+            yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data, ADMIN))
         else:
             name = rng.choice(("chaos-none", "x" * 3000, "%00", "a/b", "", "Chaos.Kind"))
-            yield Shot("DELETE workload-types *", _request("DELETE", f"/api/v1/workload-types/{name}"))
+            headers = rng.choice((ADMIN, FORGED, {}))
+            yield Shot("DELETE workload-types *", _request("DELETE", f"/api/v1/workload-types/{name}", b"", headers))
 
 
 LAUGHS = (
@@ -1274,6 +1281,9 @@ def slow_clients(h: Harness, count: int, hold_s: float) -> dict[str, Any]:
 def malformed_http(h: Harness, n: int, *, slow: int, hold_s: float) -> dict[str, Any]:
     rng = random.Random(h.rng.random())
     nodes = h.nodes
+    # Hostile bodies of writes come from an authorised client (the admin's token), so the
+    # parsers behind authorisation are what they hit; unauthenticated writes are shots too.
+    ADMIN.update({"Authorization": h.kube.headers.get("Authorization", "")})
     # Warm-up: the catalogue once, so first-use allocations do not count as growth.
     for shot in catalogue(random.Random(1), nodes):
         fire(h.ext.port, shot)
@@ -1345,7 +1355,8 @@ def _delete_chaos_types(h: Harness) -> None:
             listed = json.loads(r.read()).get("workloadTypes") or []
         for wt in listed:
             if wt.get("group") == "chaos.phalanx.io":
-                req = urllib.request.Request(f"{h.ext.url}/api/v1/workload-types/{wt['name']}", method="DELETE")
+                url = f"{h.ext.url}/api/v1/workload-types/{wt['name']}"
+                req = urllib.request.Request(url, method="DELETE", headers=ADMIN)
                 with contextlib.suppress(OSError):
                     urllib.request.urlopen(req, timeout=30).close()
 

@@ -66,8 +66,10 @@ def kwok_session(
         cluster.down()
 
 
-def http_json(method: str, url: str) -> Any:
-    with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=10) as r:
+def http_json(method: str, url: str, kube: RestKube | None = None) -> Any:
+    """One call to the extender; a write carries `kube`'s token (writes are authorised)."""
+    headers = {"Authorization": kube.headers["Authorization"]} if kube and "Authorization" in kube.headers else {}
+    with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=10) as r:
         return json.loads(r.read())
 
 

@@ -132,7 +132,7 @@ def one_round(
     watch = BindWatch(kube, scheduler)
     watch.start()
     if mode == "phalanx":
-        http_json("DELETE", f"{ext_url}/api/v1/stats")
+        http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
     started = time.monotonic()
     cluster.restart_scheduler(ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler])
     deadline = started + max(300, pods / 5)
@@ -155,7 +155,7 @@ def paced_round(
     the scheduler (with the extender) runs, as in a cluster in normal operation."""
     scheduler = "bench-paced"
     cluster.restart_scheduler(ext_url, scheduler_names=["default-scheduler", scheduler])
-    http_json("DELETE", f"{ext_url}/api/v1/stats")
+    http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
     watch = BindWatch(kube, scheduler)
     watch.start()
     rnd = random.Random(7)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import ipaddress
 import signal
 import threading
 from pathlib import Path
@@ -26,15 +27,33 @@ def _few_malloc_arenas() -> None:
         ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, ARENAS)
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
 def main() -> None:
     _few_malloc_arenas()
     ap = argparse.ArgumentParser(prog="python -m extender", description=__doc__)
     ap.add_argument("--kubeconfig", help="kubeconfig file; in-cluster service account when omitted")
     ap.add_argument("--host", default="127.0.0.1", help="listen address (a sidecar listens on loopback)")
+    ap.add_argument(
+        "--insecure-expose-verbs",
+        action="store_true",
+        help="allow a non-loopback --host: the verbs (bind included) carry no credentials, so anyone "
+        "who reaches the port can bind pods; only behind a network policy that admits kube-scheduler alone",
+    )
     ap.add_argument("--port", type=int, default=8888)
     ap.add_argument("--config-namespace", default="phalanx-system", help="namespace of the phalanx-config ConfigMap")
     ap.add_argument("--config-file", type=Path, help="initial configuration file (the ConfigMap overrides it)")
     args = ap.parse_args()
+    if not _loopback(args.host) and not args.insecure_expose_verbs:
+        ap.error(
+            f"--host {args.host}: the verbs are unauthenticated and listen on loopback only "
+            "(run the extender as kube-scheduler's sidecar), or pass --insecure-expose-verbs"
+        )
     kube = RestKube.from_kubeconfig(args.kubeconfig)
     extender = Extender(kube, Options(args.host, args.port, args.config_namespace, args.config_file))
     done = threading.Event()

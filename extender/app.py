@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from extender import logs
+from extender.auth import KubeAuthorizer
 from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import (
@@ -150,6 +151,7 @@ class Extender:
                 "/api/v1/pools": self.read_api.pools,
             },
             apis={"/api/v1/workload-types": self.workload_types.api},
+            authorizer=KubeAuthorizer(kube),
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()

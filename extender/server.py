@@ -13,6 +13,9 @@ request once its first byte arrives (408, then the connection is dropped: a clie
 declares more than it sends holds its thread for seconds, not forever), the idle time of a
 kept-alive connection, and the number of connections, each holding one thread (past it, a
 fast 503 and close). The handler's own time is not bounded here: bind waits at the gang gate.
+
+Writes to the REST API need a Kubernetes token whose user RBAC allows the write (`auth.py`);
+the verbs are for kube-scheduler on the pod's loopback and carry no credentials.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from extender.auth import WRITE_VERBS, Access, Authorizer, Denied
 from extender.errors import BadRequest, NotReady
 from extender.metrics import Metrics
 
@@ -99,6 +103,16 @@ class Route:
     handler: Handler
     prefix: bool = False  # also serves every path below `path` + "/"
     max_body: int = 0  # bytes of body it reads; 0: none expected (up to IGNORED_BODY dropped)
+    # The phalanx.io resource its writes change: a write (POST, PUT, PATCH, DELETE) needs a
+    # token whose user RBAC allows that verb on it (`auth.py`). "": no authorisation (verbs,
+    # reads, health).
+    writes: str = ""
+
+    def access(self, method: str, rest: str) -> Access | None:
+        verb = WRITE_VERBS.get(method)
+        if not self.writes or verb is None:
+            return None
+        return Access(verb, self.writes, rest.strip("/"))
 
     def matches(self, method: str, path: str) -> bool:
         if method not in self.methods:
@@ -121,8 +135,10 @@ class Server(ThreadingHTTPServer):
         reads: dict[str, Read] | None = None,
         apis: dict[str, Api] | None = None,
         limits: Limits = Limits(),
+        authorizer: Authorizer | None = None,
     ) -> None:
         self.limits = limits
+        self.authorizer = authorizer
         self._slots = threading.BoundedSemaphore(limits.connections)
         super().__init__(address, _Handler)
         self.connections: set[socket.socket] = set()
@@ -137,9 +153,9 @@ class Server(ThreadingHTTPServer):
             Route(get, "/readyz", self._readyz),
             Route(get, "/metrics", lambda m, p, b: Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)),
             Route(get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()})),
-            Route(delete, "/api/v1/stats", self._reset_stats),
+            Route(delete, "/api/v1/stats", self._reset_stats, writes="stats"),
             *(
-                Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body)
+                Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body, writes=_resource(prefix))
                 for prefix, api in (apis or {}).items()
             ),
             *(Route(get, prefix, _read(read), prefix=True) for prefix, read in (reads or {}).items()),
@@ -242,6 +258,11 @@ class Server(ThreadingHTTPServer):
     def url(self) -> str:
         host, port = self.server_address[:2]
         return f"http://{host!s}:{port}"
+
+
+def _resource(prefix: str) -> str:
+    """The RBAC resource of a REST collection: "/api/v1/workload-types" -> "workloadtypes"."""
+    return prefix.rstrip("/").rsplit("/", 1)[-1].replace("-", "")
 
 
 def _read(read: Read) -> Handler:
@@ -370,7 +391,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(self._no_route(method, path))
             return
         rest = path[len(route.path.rstrip("/")) :] if route.prefix else ""
+        access = route.access(method, rest)
+        if access is not None:
+            denied = self._authorize(access)
+            if denied is not None:
+                self._send(Reply.json(denied.status, {"Error": denied.message}))
+                return
         self._send(route.handler(method, rest, body))
+
+    def _authorize(self, access: Access) -> Denied | None:
+        authorizer = self.server.authorizer
+        if authorizer is None:
+            return Denied(403, f"writes are disabled: this server has no authorizer ({access})")
+        try:
+            denied = authorizer.check(self.headers.get("Authorization"), access)
+        except Exception as e:  # an authorizer fault refuses the write, never serves it
+            log.exception("authorizer failed", access=str(access))
+            denied = Denied(503, f"cannot verify credentials now: {e}")
+        if denied is not None:
+            self.server.metrics.errors.labels("api", f"auth-{denied.status}").inc()
+            log.warning("write refused", access=str(access), status=denied.status, reason=denied.message)
+        return denied
 
     def _length(self, limit: int) -> int | None:
         """The body's length from Content-Length, or None once a refusal is sent. A body

@@ -114,8 +114,14 @@ def extender(cluster: LocalCluster, kube: RestKube) -> Iterator[Extender]:
     kube.request("DELETE", f"/api/v1/namespaces/phalanx-system/configmaps/{CONFIGMAP_NAME}")
 
 
-def call_extender(ext: Extender, method: str, path: str, body: bytes | None = None) -> tuple[int, Any]:
-    req = urllib.request.Request(ext.server.url + path, data=body, method=method)
+def call_extender(
+    ext: Extender, method: str, path: str, body: bytes | None = None, token: str | None = None
+) -> tuple[int, Any]:
+    """One REST call; it carries the admin's token (the extender's own) unless `token` is given."""
+    assert isinstance(ext.kube, RestKube)
+    authorization = ext.kube.headers.get("Authorization", "") if token is None else f"Bearer {token}"
+    headers = {"Authorization": authorization} if authorization else {}
+    req = urllib.request.Request(ext.server.url + path, data=body, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
@@ -326,3 +332,53 @@ def test_registering_a_workload_type_gang_schedules_an_unknown_crd(extender: Ext
     status, body = call_extender(extender, "DELETE", "/api/v1/workload-types/Widget")
     assert status == 200
     assert call_extender(extender, "DELETE", "/api/v1/workload-types/Widget")[0] == 404
+
+
+def test_writes_need_a_token_the_api_server_accepts_and_rbac_that_allows_them(
+    extender: Extender, kube: RestKube
+) -> None:
+    """A service account's real token (TokenRequest): refused (403) until a ClusterRole grants
+    `create` on phalanx.io/workloadtypes; no token at all: 401. Checked by the real API
+    server's TokenReview and SubjectAccessReview."""
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "wt-editor", "namespace": NS}}
+    assert kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts", body=sa).status in (201, 409)
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}}
+    r = kube.request("POST", f"/api/v1/namespaces/{NS}/serviceaccounts/wt-editor/token", body=request)
+    assert r.status == 201, r.body
+    token = r.body["status"]["token"]
+    gadget = WIDGET_TYPE.replace("Widget", "Gadget").replace("widget", "gadget").encode()
+    status, body = call_extender(extender, "POST", "/api/v1/workload-types", gadget, token="")
+    assert status == 401, body
+    status, body = call_extender(extender, "POST", "/api/v1/workload-types", gadget, token="not-a-token")
+    assert status == 401 and "did not authenticate" in body["Error"], body
+    status, body = call_extender(extender, "POST", "/api/v1/workload-types", gadget, token=token)
+    assert status == 403 and f"system:serviceaccount:{NS}:wt-editor" in body["Error"], body
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "phalanx-workload-type-editor"},
+        "rules": [{"apiGroups": ["phalanx.io"], "resources": ["workloadtypes"], "verbs": ["create", "delete"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "phalanx-workload-type-editor"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": "wt-editor", "namespace": NS}],
+    }
+    assert kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", body=role).status in (201, 409)
+    r = kube.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body=binding)
+    assert r.status in (201, 409)
+    try:
+        # A refusal is cached for a few seconds: the grant takes effect within that.
+        created = wait(
+            "the granted write goes through",
+            lambda: call_extender(extender, "POST", "/api/v1/workload-types", gadget, token=token)[0] == 201,
+        )
+        assert created
+        status, body = call_extender(extender, "DELETE", "/api/v1/stats", token=token)
+        assert status == 403 and "delete phalanx.io/stats" in body["Error"], body
+    finally:
+        call_extender(extender, "DELETE", "/api/v1/workload-types/Gadget")
+        kube.request("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/phalanx-workload-type-editor")
+        kube.request("DELETE", "/apis/rbac.authorization.k8s.io/v1/clusterroles/phalanx-workload-type-editor")

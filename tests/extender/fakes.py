@@ -19,6 +19,10 @@ import orjson
 from extender.kube import JSON, Expired, Response
 from extender.objects import DEVICES_ANNOTATION
 
+#: Tokens the fake API server's TokenReview knows: the admin may write, the viewer may not.
+TOKENS = {"admin-token": "admin", "viewer-token": "viewer"}
+ADMIN = {"Authorization": "Bearer admin-token"}
+
 
 @dataclass
 class FakeKube:
@@ -67,6 +71,13 @@ class FakeKube:
                 return Response(201, {})
         if method == "POST" and path.endswith("/events"):
             return Response(201, body)
+        if method == "POST" and path == "/apis/authentication.k8s.io/v1/tokenreviews":
+            user = TOKENS.get(body["spec"]["token"])
+            status = {"authenticated": True, "user": {"username": user, "groups": []}} if user else {}
+            return Response(201, {**body, "status": status})
+        if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
+            allowed = body["spec"]["user"] == "admin"
+            return Response(201, {**body, "status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}})
         return Response(404, {"message": f"no fake route {method} {path}"})
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:

@@ -21,7 +21,7 @@ import pytest
 from extender.app import Extender, Options
 from extender.server import Limits, Reply, Server
 from extender.verbs import PARSED_POD_BYTES
-from tests.extender.fakes import FakeKube, node, pod, serving
+from tests.extender.fakes import ADMIN, FakeKube, node, pod, serving
 
 LIMITS = Limits(verb_body=2**20, api_body=2**16, read_timeout_s=0.5, idle_timeout_s=1.0, connections=16)
 SLACK_S = 3.0  # scheduling noise on a shared 2-core machine
@@ -49,11 +49,14 @@ def server(extender: Extender) -> Server:
     return extender.server
 
 
-def request(server: Server, method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+def request(
+    server: Server, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """One call; writes carry the admin's token unless `headers` say otherwise."""
     host, port = server.server_address[:2]
     conn = http.client.HTTPConnection(str(host), port, timeout=10)
     try:
-        conn.request(method, path, body=body)
+        conn.request(method, path, body=body, headers=ADMIN if headers is None else headers)
         response = conn.getresponse()
         return response.status, response.read().decode("utf-8", "replace")
     finally:
@@ -386,3 +389,73 @@ def test_a_large_pod_is_answered_but_never_kept_in_the_parsed_pod_cache(extender
         status, _ = request(extender.server, "POST", "/filter", json.dumps({"Pod": p, "NodeNames": ["n0"]}).encode())
         assert status == 200
     assert [uid for uid, _ in extender.verbs._parsed] == ["uid-small"]
+
+
+WIDGET = b"name: Widget\ngroup: example.com\nresourceInterfaces: []"
+
+
+@pytest.mark.parametrize(
+    ("case", "method", "path", "headers", "status", "fragment"),
+    [
+        ("a write without a token", "POST", "/api/v1/workload-types", {}, 401, "Authorization: Bearer"),
+        ("a token of another scheme", "POST", "/api/v1/workload-types", {"Authorization": "Basic YTpi"}, 401, "Bearer"),
+        ("an empty bearer token", "POST", "/api/v1/workload-types", {"Authorization": "Bearer "}, 401, "Bearer"),
+        ("a token nobody issued", "POST", "/api/v1/workload-types", {"Authorization": "Bearer forged"}, 401, "did not"),
+        (
+            "a user RBAC does not allow",
+            "DELETE",
+            "/api/v1/workload-types/PyTorchJob",
+            {"Authorization": "Bearer viewer-token"},
+            403,
+            "user 'viewer' may not delete phalanx.io/workloadtypes 'PyTorchJob': no RBAC rule",
+        ),
+        ("resetting statistics without a token", "DELETE", "/api/v1/stats", {}, 401, "delete phalanx.io/stats"),
+        (
+            "resetting statistics as a viewer",
+            "DELETE",
+            "/api/v1/stats",
+            {"Authorization": "Bearer viewer-token"},
+            403,
+            "stats",
+        ),
+        ("reading needs no token", "GET", "/api/v1/workload-types", {}, 200, "workloadTypes"),
+        ("the admin resets statistics", "DELETE", "/api/v1/stats", ADMIN, 200, "reset"),
+    ],
+)
+def test_every_write_is_authenticated_and_authorised_and_reads_are_open(
+    server: Server, case: str, method: str, path: str, headers: dict[str, str], status: int, fragment: str
+) -> None:
+    body = WIDGET if method == "POST" else None
+    got, text = request(server, method, path, body, headers=headers)
+    assert (got, fragment in text) == (status, True), f"{case}: {text[:300]}"
+
+
+def fresh_extender(monkeypatch: pytest.MonkeyPatch) -> Extender:
+    monkeypatch.setattr("extender.workload_types.load_defaults", list)
+    return Extender(FakeKube(), Options(port=0))
+
+
+def test_a_forged_token_costs_the_api_server_one_review_per_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = fresh_extender(monkeypatch)
+    forged = {"Authorization": "Bearer forged"}
+    with serving(ext):
+        for _ in range(20):
+            assert request(ext.server, "POST", "/api/v1/workload-types", WIDGET, forged)[0] == 401
+    kube = ext.kube
+    assert isinstance(kube, FakeKube)
+    assert sum(1 for _, p, _ in kube.calls if p.endswith("/tokenreviews")) == 1
+
+
+def test_an_authorizer_that_fails_refuses_the_write_and_the_server_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = fresh_extender(monkeypatch)
+    kube = ext.kube
+    assert isinstance(kube, FakeKube)
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise OSError("connection refused")
+
+    kube.request = down  # type: ignore[method-assign]
+    with serving(ext):
+        got, text = request(ext.server, "DELETE", "/api/v1/stats", None)
+        assert got == 503 and "cannot verify credentials" in text
+        assert healthy(ext.server)
