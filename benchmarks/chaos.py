@@ -1049,7 +1049,7 @@ class Shot:
 
 #: The Authorization header of the workload-type writes (set once the cluster is up).
 ADMIN: dict[str, str] = {}
-FORGED = {"Authorization": "Bearer forged-token"}
+FORGED_TOKEN = {"Authorization": "Bearer forged-token"}
 
 WT_BODY = yaml.safe_load((ROOT / "config/resource-interfaces/jobset.yaml").read_text())
 
@@ -1103,7 +1103,7 @@ def catalogue(rng: random.Random, nodes: list[str]) -> Iterator[Shot]:
     for case, data in SPECIAL_TYPES:
         yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data, ADMIN))
     yield Shot("POST workload-types without a token", _request("POST", "/api/v1/workload-types", b"name: x"))
-    yield Shot("DELETE stats with a forged token", _request("DELETE", "/api/v1/stats", b"", FORGED))
+    yield Shot("DELETE stats with a forged token", _request("DELETE", "/api/v1/stats", b"", FORGED_TOKEN))
     yield _huge(rng, "filter", nodes)
 
 
@@ -1152,7 +1152,7 @@ def shots(rng: random.Random, n: int, nodes: list[str], huge_every: int) -> Iter
             yield Shot(f"POST workload-types {case}", _request("POST", "/api/v1/workload-types", data, ADMIN))
         else:
             name = rng.choice(("chaos-none", "x" * 3000, "%00", "a/b", "", "Chaos.Kind"))
-            headers = rng.choice((ADMIN, FORGED, {}))
+            headers = rng.choice((ADMIN, FORGED_TOKEN, {}))
             yield Shot("DELETE workload-types *", _request("DELETE", f"/api/v1/workload-types/{name}", b"", headers))
 
 
