@@ -41,6 +41,7 @@ from solver.model import (
     Resources,
     Slice,
     SolveStatus,
+    SubGroup,
     TopologyRequest,
 )
 from solver.packing import Packer, PackingPlan
@@ -80,6 +81,7 @@ __all__ = [
     "Slice",
     "SolveStatus",
     "SolverParams",
+    "SubGroup",
     "TopologyRequest",
     "UnlabeledNodes",
     "WorkloadClass",

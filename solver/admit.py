@@ -28,8 +28,47 @@ def _levels(topo: TopologyIndex) -> str:
 
 def check(topo: TopologyIndex, request: GangRequest) -> Explanation | None:
     """Why `request` can never be planned as written, or None when it is well formed."""
-    problem = _members(request) or _levels_known(topo, request) or _slices(topo, request)
+    problem = _members(request) or _levels_known(topo, request) or _slices(topo, request) or _subgroups(topo, request)
     return _invalid(problem) if problem is not None else None
+
+
+def _subgroups(topo: TopologyIndex, request: GangRequest) -> str | None:
+    if not request.subgroups:
+        return None
+    names = {g.name for g in request.groups}
+    owner: dict[str, str] = {}
+    for sub in request.subgroups:
+        where = f"sub-group {sub.name!r}"
+        for g in sub.groups:
+            if g not in names:
+                return f"{where} names group {g!r}, which the gang does not have"
+            if g in owner:
+                return f"group {g!r} is in sub-groups {owner[g]!r} and {sub.name!r}; a group is in one at most"
+            owner[g] = sub.name
+        members = sub.members(request)
+        if not 0 <= sub.min_count <= members:
+            return f"{where} has minCount {sub.min_count}, outside 0..{members} (its members)"
+        tr = sub.topology
+        named = [("required", tr.required), ("preferred", tr.preferred)]
+        named += [(f"slices[{i}].level", s.level) for i, s in enumerate(tr.slices)]
+        for field, level in named:
+            if level and not topo.has_level(level):
+                return f"{where} topology.{field} {level!r} is not a topology level (levels: {_levels(topo)})"
+        gang_required = request.topology.required
+        if tr.required and gang_required and topo.level_of(tr.required) < topo.level_of(gang_required):
+            return (
+                f"{where} topology.required {tr.required!r} is coarser than the gang's {gang_required!r}: "
+                f"one {level_name(tr.required)} cannot fit inside one {level_name(gang_required)}"
+            )
+        required = topo.level_of(tr.required) if tr.required else topo.level_of(gang_required) if gang_required else -1
+        for i, sl in enumerate(tr.slices):
+            if sl.size < 1:
+                return f"{where} topology.slices[{i}] has size {sl.size}; a slice needs a size of 1 or more"
+            if topo.level_of(sl.level) < required:
+                return f"{where} topology.slices[{i}].level {sl.level!r} is coarser than its required level"
+    if not 0 <= request.min_subgroups <= len(request.subgroups):
+        return f"minSubGroups {request.min_subgroups} is outside 0..{len(request.subgroups)} (the sub-groups)"
+    return None
 
 
 def _members(request: GangRequest) -> str | None:

@@ -131,15 +131,25 @@ class NodeCapacity:
             return None
         return self._consume(shape, spread=spread, prefer=prefer)
 
-    def _consume(self, shape: PodShape, *, spread: bool, prefer: tuple[int, ...]) -> tuple[DeviceAssignment, ...]:
-        """Take one pod that fits (the caller checked `capacity`)."""
-        devices = self._pick_devices(shape, spread=spread, prefer=prefer)
+    def consume_exactly(self, shape: PodShape, devices: tuple[DeviceAssignment, ...]) -> None:
+        """Take one pod of `shape` on exactly `devices` (a member another phase placed)."""
+        by_index = {d.index: d for d in self.devices}
+        for a in devices:
+            by_index[a.index].consume(a)
+        self._scalars(shape)
+
+    def _scalars(self, shape: PodShape) -> None:
         req = shape.requests
         self.cpu -= req.cpu_milli
         self.memory -= req.memory_mib
         self.pods -= req.pods
         for key, value in req.extended:
             self.extended[key] = self.extended.get(key, 0) - value
+
+    def _consume(self, shape: PodShape, *, spread: bool, prefer: tuple[int, ...]) -> tuple[DeviceAssignment, ...]:
+        """Take one pod that fits (the caller checked `capacity`)."""
+        devices = self._pick_devices(shape, spread=spread, prefer=prefer)
+        self._scalars(shape)
         return devices
 
     def as_node(self) -> Node:

@@ -35,6 +35,20 @@ class Ledger:
             state = self.states[node] = NodeState(self.nodes[node])
         return state.take(shape, spread=self.spread, workload=self.workload)
 
+    def apply(self, node: int, shape: PodShape, devices: tuple[DeviceAssignment, ...]) -> None:
+        """Consume one pod of `shape` on exactly `devices` (outside transactions)."""
+        state = self.states.get(node)
+        if state is None:
+            state = self.states[node] = NodeState(self.nodes[node])
+        state.consume_exactly(shape, devices)
+
+    def checkpoint(self) -> dict[int, NodeState]:
+        """The touched nodes as they are now, for `restore` (transactions do not nest)."""
+        return {n: s.copy() for n, s in self.states.items()}
+
+    def restore(self, saved: dict[int, NodeState]) -> None:
+        self.states = {n: s.copy() for n, s in saved.items()}
+
     def begin(self) -> None:
         self._saved = {}
 

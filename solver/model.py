@@ -203,11 +203,16 @@ class PodShape:
 
 @dataclass(frozen=True, slots=True)
 class EqGroup:
-    """`count` identical pods; groups of a gang are ranked in the order given."""
+    """`count` identical pods; groups of a gang are ranked in the order given.
+
+    `node_scores` are the members' preferred nodes (preferred node affinity, node-pool order):
+    (node, 0..100), absent nodes 0. `plan()` places the gang on the highest tier of score it
+    fits in, then as compactly as it can there (see `solver/plan.py`)."""
 
     name: str
     shape: PodShape
     count: int
+    node_scores: tuple[tuple[NodeName, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,14 +238,40 @@ class TopologyRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class SubGroup:
+    """Members of some of a gang's groups with their own minimum and topology (a leader and
+    its workers, a replica of a composite gang): placed with at least `min_count` members (0:
+    all of them) or not at all, every placed member inside the sub-group's own required domain,
+    within the gang's."""
+
+    name: str
+    groups: tuple[str, ...]  # names of the gang's EqGroups in it; a group is in one sub-group at most
+    min_count: int = 0
+    topology: TopologyRequest = TopologyRequest()
+
+    def members(self, request: GangRequest) -> int:
+        return sum(g.count for g in request.groups if g.name in self.groups)
+
+    def quorum(self, request: GangRequest) -> int:
+        return self.min_count or self.members(request)
+
+
+@dataclass(frozen=True, slots=True)
 class GangRequest:
-    """All-or-nothing: at least `min_count` members placed, or none. 0 means all members."""
+    """All-or-nothing: at least `min_count` members placed, or none. 0 means all members.
+    With sub-groups, also at least `min_subgroups` of them placed (0: every one)."""
 
     name: GangName
     groups: tuple[EqGroup, ...]
     min_count: int = 0
     topology: TopologyRequest = TopologyRequest()
     priority: int = 0
+    subgroups: tuple[SubGroup, ...] = ()
+    min_subgroups: int = 0
+
+    @property
+    def subgroup_quorum(self) -> int:
+        return self.min_subgroups or len(self.subgroups)
 
     @property
     def count(self) -> int:

@@ -48,8 +48,9 @@ from solver.model import (
 )
 from solver.objective import compactness, domains_used
 from solver.params import PlacementMode, SolverParams
-from solver.placement import Member, live_caps, pick_nodes, take_selection
+from solver.placement import Member, gang_order, live_caps, pick_nodes, take_selection
 from solver.problem import Problem, prepare
+from solver.subgroups import place_subgrouped
 from solver.topology import TopologyIndex
 from solver.validate import validate
 
@@ -73,8 +74,56 @@ def plan(
     topo = topology or TopologyIndex(snapshot)
     rejected = {i: why for i, r in enumerate(requests) if (why := check(topo, r)) is not None}
     admitted = [r for i, r in enumerate(requests) if i not in rejected]
-    result = _plan(snapshot, admitted, params, topo, started)
+    if any(g.node_scores for r in admitted for g in r.groups):
+        result = _preferring(snapshot, admitted, params, topo, started)
+    else:
+        result = _plan(snapshot, admitted, params, topo, started)
     return _with_rejected(requests, rejected, result) if rejected else result
+
+
+MAX_TIERS = 4  # score tiers tried per gang (the best ones), before all its eligible nodes
+
+
+def _preferring(
+    snapshot: ClusterSnapshot, requests: list[GangRequest], params: SolverParams, topo: TopologyIndex, started: float
+) -> PlanResult:
+    """Preferred nodes (`EqGroup.node_scores`) as tiers: each gang with scores is first planned
+    on its best-scored nodes only (score >= its highest tier), and a gang that does not fit
+    there is planned again on the next tier, down to every node it may use. A preference
+    never hides capacity: the last tier is the gang as asked. Tiers rank above compactness,
+    as a node pool does: a preferred rack is used while it holds the gang."""
+    tiers = [_tiers(r) for r in requests]
+    level = [0] * len(requests)
+    while True:
+        asked = [_on_tier(r, t[lv]) for r, t, lv in zip(requests, tiers, level, strict=True)]
+        result = _plan(snapshot, asked, params, topo, started)
+        widen = [
+            i for i, g in enumerate(result.gangs) if g.outcome is not Outcome.PLACED and level[i] < len(tiers[i]) - 1
+        ]
+        if not widen:
+            return result
+        for i in widen:
+            level[i] += 1
+
+
+def _tiers(request: GangRequest) -> list[int]:
+    """Score thresholds to try, best first, ending with 0 (every eligible node)."""
+    scores = sorted({s for g in request.groups for _, s in g.node_scores if s > 0}, reverse=True)
+    return [*scores[:MAX_TIERS], 0]
+
+
+def _on_tier(request: GangRequest, threshold: int) -> GangRequest:
+    """The request with each scored group limited to nodes scoring at least `threshold`."""
+    if threshold <= 0:
+        return request
+    groups = []
+    for g in request.groups:
+        if g.node_scores:
+            best = frozenset(n for n, s in g.node_scores if s >= threshold)
+            allowed = g.shape.allowed_nodes
+            g = replace(g, shape=replace(g.shape, allowed_nodes=best if allowed is None else allowed & best))
+        groups.append(g)
+    return replace(request, groups=tuple(groups))
 
 
 def _with_rejected(requests: list[GangRequest], rejected: dict[int, Explanation], result: PlanResult) -> PlanResult:
@@ -91,7 +140,9 @@ def _with_rejected(requests: list[GangRequest], rejected: dict[int, Explanation]
 def _plan(
     snapshot: ClusterSnapshot, requests: list[GangRequest], params: SolverParams, topo: TopologyIndex, started: float
 ) -> PlanResult:
-    problem = prepare(snapshot, requests, topo, unlabeled=params.unlabeled_nodes)
+    full = prepare(snapshot, requests, topo, unlabeled=params.unlabeled_nodes)
+    # Gangs with sub-groups are placed by their own search once the others are (`subgroups.py`).
+    problem = replace(full, gangs=[gp for gp in full.gangs if not gp.request.subgroups])
     spread = params.placement_mode is PlacementMode.LOW_LOAD_FIRST
     baseline = greedy(problem, Ledger(snapshot, spread=spread, workload=params.workload))
     hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread, workload=params.workload)), baseline)
@@ -118,16 +169,37 @@ def _plan(
             log.warning("cp-sat found no plan in time; using the heuristic plan", status=solution.status)
             notes.append(f"cp-sat {solution.status}: heuristic fallback")
             placed, status, bound = hint, SolveStatus.FALLBACK, None
-    result = _result(problem, placed, status, bound, notes, started)
+    if len(problem.gangs) < len(full.gangs):
+        placed = _with_subgrouped(full, placed, params)
+        baseline = _with_subgrouped(full, baseline, params)
+        status = SolveStatus.FEASIBLE if status is SolveStatus.OPTIMAL else status
+    result = _result(full, placed, status, bound, notes, started)
     errors = validate(snapshot, requests, result)
     if errors and placed is not baseline:
         log.error("plan failed validation; using the greedy plan", errors=errors[:5])
-        result = _result(problem, baseline, SolveStatus.FALLBACK, None, [*notes, *errors[:3]], started)
+        result = _result(full, baseline, SolveStatus.FALLBACK, None, [*notes, *errors[:3]], started)
         errors = validate(snapshot, requests, result)
     if errors:
         log.error("greedy plan failed validation; placing nothing", errors=errors[:5])
-        result = _result(problem, {}, SolveStatus.INFEASIBLE, None, [*notes, *errors[:3]], started)
+        result = _result(full, {}, SolveStatus.INFEASIBLE, None, [*notes, *errors[:3]], started)
     return result
+
+
+def _with_subgrouped(full: Problem, placed: Placement, params: SolverParams) -> Placement:
+    """`placed` plus the gangs with sub-groups, placed on what the others left."""
+    ledger = Ledger(
+        full.snapshot, spread=params.placement_mode is PlacementMode.LOW_LOAD_FIRST, workload=params.workload
+    )
+    for k, members in placed.items():
+        for m in members:
+            ledger.apply(m.node, full.gangs[k].request.groups[m.group].shape, m.devices)
+    out = dict(placed)
+    for gp in gang_order(full):
+        if gp.request.subgroups:
+            found = place_subgrouped(full, gp, ledger, params.unlabeled_nodes)
+            if found is not None:
+                out[gp.index] = found
+    return out
 
 
 def _score(problem: Problem, placed: Placement) -> tuple[int, ...]:

@@ -36,6 +36,7 @@ from solver.model import (
     NodeName,
     Outcome,
     PlanResult,
+    SubGroup,
 )
 
 Fields = Mapping[str, object]
@@ -486,6 +487,53 @@ def _slice_split(f: Facts) -> Iterator[Fields]:
                     yield {"gang": r.name, "first": start, "level": s.level, "domains": len(domains)}
 
 
+SUB_PARTIAL = "{gang}: sub-group {sub} has {placed} members placed, needs 0 or {quorum}..{count}"
+SUB_QUORUM = "{gang}: {placed} sub-groups placed, needs {quorum}"
+SUB_REQUIRED = "{gang}: sub-group {sub}'s required {level} violated ({domains} domains)"
+SUB_SLICE = "{gang}: sub-group {sub}'s slice of its members {first}.. not within one {level} ({domains} domains)"
+
+
+def _subgroup_members(f: Facts) -> Iterator[tuple[GangRequest, SubGroup, list[Member]]]:
+    """Each sub-group of each placed gang with its placed members, in rank order."""
+    for r, members in _placed_members(f):
+        for sub in r.subgroups:
+            yield r, sub, [m for m in members if m.group.name in sub.groups]
+
+
+def _subgroup_whole(f: Facts) -> Iterator[Fields]:
+    for r, sub, members in _subgroup_members(f):
+        count, quorum = sub.members(r), sub.quorum(r)
+        if members and not quorum <= len(members) <= count:
+            yield {"gang": r.name, "sub": sub.name, "placed": len(members), "quorum": quorum, "count": count}
+
+
+def _subgroup_quorum(f: Facts) -> Iterator[Fields]:
+    for r, members in _placed_members(f):
+        if not r.subgroups:
+            continue
+        placed = sum(1 for sub in r.subgroups if any(m.group.name in sub.groups for m in members))
+        if placed < r.subgroup_quorum:
+            yield {"gang": r.name, "placed": placed, "quorum": r.subgroup_quorum}
+
+
+def _subgroup_required(f: Facts) -> Iterator[Fields]:
+    for r, sub, members in _subgroup_members(f):
+        level = sub.topology.required
+        domains = {f.domain(level, m.node) for m in members}
+        if level and len(domains) > 1:
+            yield {"gang": r.name, "sub": sub.name, "level": level, "domains": len(domains)}
+
+
+def _subgroup_slice(f: Facts) -> Iterator[Fields]:
+    for r, sub, members in _subgroup_members(f):
+        for s in (s for s in sub.topology.slices if s.size > 1):
+            for start in range(0, len(members), s.size):
+                chunk = members[start : start + s.size]
+                domains = {f.domain(s.level, m.node) for m in chunk}
+                if len(domains) > 1 or len(chunk) < s.size:
+                    yield {"gang": r.name, "sub": sub.name, "first": start, "level": s.level, "domains": len(domains)}
+
+
 # ---------------------------------------------------------------------------- the registry
 
 CHECKS: tuple[Check, ...] = (
@@ -524,4 +572,8 @@ CHECKS: tuple[Check, ...] = (
     Check("topology_required", REQUIRED_SPLIT, _required_split),
     Check("topology_slice_whole", SLICE_PARTIAL, _slice_partial),
     Check("topology_slice_domain", SLICE_SPLIT, _slice_split),
+    Check("subgroup_whole", SUB_PARTIAL, _subgroup_whole),
+    Check("subgroup_quorum", SUB_QUORUM, _subgroup_quorum),
+    Check("subgroup_required", SUB_REQUIRED, _subgroup_required),
+    Check("subgroup_slice", SUB_SLICE, _subgroup_slice),
 )

@@ -37,6 +37,7 @@ from solver import (
     Resources,
     Slice,
     SolveStatus,
+    SubGroup,
     TopologyRequest,
     load_tables,
 )
@@ -117,6 +118,12 @@ def share(index: int, milli: int = 0, memory_mib: int = 0, tflops: int = 0) -> D
 
 def sliced(index: int, profile: str, start: int = -1) -> DeviceAssignment:
     return DeviceAssignment(index, 0, 0, profile, mig_start=start)
+
+
+def with_subs(*subs: SubGroup, min_count: int = 0, leads: int = 2) -> GangRequest:
+    """Leads (ranks 0..1) and two workers (ranks 2..3, or 0..1 without leads), in sub-groups."""
+    groups = ((EqGroup("lead", pod(), leads),) if leads else ()) + (EqGroup("worker", pod(), 2),)
+    return GangRequest(GangName("g"), groups, min_count, subgroups=subs)
 
 
 ONE = request(pod())
@@ -369,6 +376,30 @@ BAD = [
         [request(pod(), 2, topology=HOST_PAIRS)],
         (placed(member(0, "n0"), member(1, "n1")),),
         id="a host slice of two split across two hosts",
+    ),
+    pytest.param(
+        "subgroup_whole",
+        [with_subs(SubGroup("a", ("lead",), 0), SubGroup("b", ("worker",), 1), min_count=2)],
+        (placed(member(0, "n0", group="lead"), member(2, "n0"), member(3, "n1")),),
+        id="a sub-group of two placed with one member",
+    ),
+    pytest.param(
+        "subgroup_quorum",
+        [with_subs(SubGroup("a", ("lead",), 1), SubGroup("b", ("worker",), 1), min_count=1)],
+        (placed(member(0, "n0", group="lead")),),
+        id="one of two required sub-groups placed",
+    ),
+    pytest.param(
+        "subgroup_required",
+        [with_subs(SubGroup("a", ("lead",), 0, RACK), min_count=2)],
+        (placed(member(0, "n0", group="lead"), member(1, "n1", group="lead")),),
+        id="a rack-required sub-group spread over two racks",
+    ),
+    pytest.param(
+        "subgroup_slice",
+        [with_subs(SubGroup("b", ("worker",), 0, HOST_PAIRS), min_count=2, leads=0)],
+        (placed(member(0, "n0"), member(1, "n1")),),
+        id="a sub-group's host slice of two split across two hosts",
     ),
 ]
 
