@@ -297,7 +297,8 @@ class GangManager:
         members = self._members(state, pods)
         if not members.pending or requests.quorum_shortfall(spec, pods):
             return None
-        return Entry(state.key, spec, members, [r.node for r in state.plan.values()])
+        planned = {p.uid: p for p in pods}
+        return Entry(state.key, spec, members, [(planned.get(uid), r.node) for uid, r in state.plan.items()])
 
     def _not_placed(self, state: GangState, entry: Entry, gang: GangPlan, generation: int) -> None:
         members = len(entry.members.pending) + len(entry.members.bound) + len(state.plan)

@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
-from extender.eligibility import matches
+from extender.eligibility import matches, preference
 from extender.gangs.sources import GangSpec
 from extender.objects import PodInfo
 from extender.pools import Hardware, Pool
-from solver import ClusterSnapshot, EqGroup, GangName, GangRequest, GpuDemand, NodeName, PodShape, Resources
+from solver import ClusterSnapshot, EqGroup, GangName, GangRequest, GpuDemand, NodeName, PodShape, Resources, SubGroup
 
 PoolModels = Callable[[Pool], frozenset[str] | None]
 WAITING_QUORUM = "waiting for gang quorum"
@@ -67,29 +67,92 @@ class Entry:
     key: str
     spec: GangSpec
     members: Members
-    planned_nodes: list[str] = field(default_factory=list)  # nodes of members reserved already
+    planned: list[tuple[PodInfo | None, str]] = field(default_factory=list)  # members reserved already, where
     groups: dict[str, list[PodInfo]] = field(default_factory=dict)  # EqGroup name -> its pods, in order
 
 
 def request(snapshot: ClusterSnapshot, entry: Entry, *, hardware: Hardware, pool_models: PoolModels) -> GangRequest:
-    """The solver's request for `entry`'s pending members (and `entry.groups` filled in)."""
+    """The solver's request for `entry`'s pending members (and `entry.groups` filled in).
+
+    Pending members are grouped by sub-group, shape and placement. Members bound or planned
+    already anchor the rest: the domain of the gang's required level they use, and per
+    sub-group the domain of its own required level; they count toward the gang's and their
+    sub-group's minimum. Preferred node affinity becomes each group's node scores."""
     spec = entry.spec
-    # Members beyond a quorum that is already planned or bound join as they fit (at least one).
-    need = max(1, spec.min_count - len(entry.planned_nodes) - len(entry.members.bound))
+    placed: list[tuple[PodInfo | None, str]] = [(p, p.node) for p in entry.members.bound] + entry.planned
     by_shape: dict[tuple[Any, ...], list[PodInfo]] = defaultdict(list)
     for p in entry.members.pending:
-        by_shape[(p.requests, p.demand, p.placement)].append(p)
-    anchor = anchor_domain(snapshot, spec, [p.node for p in entry.members.bound] + entry.planned_nodes)
+        by_shape[(spec.subgroup_of(p.labels), p.requests, p.demand, p.placement)].append(p)
+    anchor = anchor_domain(snapshot, spec.topology.required, [node for _, node in placed])
+    running: dict[str, list[str]] = defaultdict(list)  # sub-group -> nodes of its placed members
+    for pod, node in placed:
+        running[spec.subgroup_of(pod.labels) if pod is not None else ""].append(node)
+    subs = {g.name: g for g in spec.subgroups}
     n = len(by_shape)
     eqs = []
     entry.groups = {}
-    for i, ((req, demand, placement), pods) in enumerate(by_shape.items()):
+    in_sub: dict[str, list[str]] = defaultdict(list)
+    for i, ((sub, req, demand, placement), pods) in enumerate(by_shape.items()):
         name = group_name(i, n)
         entry.groups[name] = pods
-        shape = member_shape(snapshot, req, demand, placement, anchor, hardware=hardware, pool_models=pool_models)
-        eqs.append(EqGroup(name, shape, len(pods)))
+        where = anchor
+        if sub in subs and running[sub]:  # the sub-group's own required domain, where its members are
+            own = anchor_domain(snapshot, subs[sub].topology.required, running[sub])
+            where = own if where is None else (where & own if own is not None else where)
+        shape = member_shape(snapshot, req, demand, placement, where, hardware=hardware, pool_models=pool_models)
+        eqs.append(EqGroup(name, shape, len(pods), node_scores=node_scores(snapshot, placement, shape.allowed_nodes)))
+        if sub:
+            in_sub[sub].append(name)
+    subgroups, min_subgroups = _subgroups(spec, in_sub, running)
+    # Members beyond a quorum that is already planned or bound join as they fit (at least one).
+    need = max(1, spec.min_count - len(placed))
     priority = spec.priority or max((qos_priority(p, hardware) for p in entry.members.pending), default=0)
-    return GangRequest(GangName(entry.key), tuple(eqs), min_count=need, topology=spec.topology, priority=priority)
+    return GangRequest(
+        GangName(entry.key),
+        tuple(eqs),
+        min_count=min(need, sum(len(p) for p in by_shape.values())),
+        topology=spec.topology,
+        priority=priority,
+        subgroups=subgroups,
+        min_subgroups=min_subgroups,
+    )
+
+
+def _subgroups(
+    spec: GangSpec, in_sub: dict[str, list[str]], running: dict[str, list[str]]
+) -> tuple[tuple[SubGroup, ...], int]:
+    """The sub-groups with pending members, each needing what its placed members do not
+    already give it, and how many of them must be placed: a sub-group at its minimum already
+    counts toward the gang's quorum of sub-groups and is optional."""
+    out, done = [], 0
+    for g in spec.subgroups:
+        have = len(running[g.name])
+        satisfied = have > 0 and have >= max(1, g.min_count)
+        done += satisfied
+        if in_sub[g.name]:
+            left = 1 if satisfied else max(0, g.min_count - have) if g.min_count else 0
+            out.append(SubGroup(g.name, tuple(in_sub[g.name]), left, g.topology))
+    required = (spec.min_subgroups or len(spec.subgroups)) - done
+    if not out:
+        return (), 0
+    if done:  # some sub-groups are placed already: the others are needed only to reach the quorum
+        return tuple(out), min(len(out), max(1, required))
+    return tuple(out), min(len(out), spec.min_subgroups) if spec.min_subgroups else 0
+
+
+def node_scores(
+    snapshot: ClusterSnapshot, placement: str, allowed: frozenset[NodeName] | None
+) -> tuple[tuple[NodeName, int], ...]:
+    """Preferred node affinity as the solver's node scores, normalised as kube-scheduler does
+    (the best node 100); () without preferred terms."""
+    if "preferredDuringScheduling" not in placement:
+        return ()
+    spec = orjson.loads(placement)
+    raw = {n.name: preference(n.name, n.labels, spec) for n in snapshot.nodes if allowed is None or n.name in allowed}
+    best = max(raw.values(), default=0)
+    if best <= 0:
+        return ()
+    return tuple(sorted((name, 100 * w // best) for name, w in raw.items() if w > 0))
 
 
 def member_shape(
@@ -136,9 +199,8 @@ def allowed_nodes(
     )
 
 
-def anchor_domain(snapshot: ClusterSnapshot, spec: GangSpec, nodes: list[str]) -> frozenset[NodeName] | None:
+def anchor_domain(snapshot: ClusterSnapshot, required: str, nodes: list[str]) -> frozenset[NodeName] | None:
     """Members already bound or planned fix the domain of the required level."""
-    required = spec.topology.required
     if not nodes or not required or required not in snapshot.levels:
         return None
     depth = snapshot.levels.index(required)

@@ -293,6 +293,72 @@ def test_other_schedulers_pod_groups_are_placed_whole(
         kube.request("DELETE", f"/apis/{api}/namespaces/{NS}/podgroups/{name}")
 
 
+def test_a_kai_pod_group_waits_for_every_sub_group_and_keeps_each_in_its_rack(
+    extender: dict[str, Extender], kube: RestKube
+) -> None:
+    """KAI sub-groups: the PodGroup's minMember (2) is met by sub-group a alone, but sub-group
+    b (minMember 2) has no members yet: nothing binds. Once b's members exist, the gang is
+    placed whole, each sub-group inside one rack, all in one block."""
+    api = f"/apis/scheduling.run.ai/v2alpha2/namespaces/{NS}/podgroups"
+    spec = {
+        "minMember": 2,
+        "topologyConstraint": {"requiredTopologyLevel": BLOCK},
+        "subGroups": [
+            {"name": "a", "minMember": 2, "topologyConstraint": {"requiredTopologyLevel": RACK}},
+            {"name": "b", "minMember": 2, "topologyConstraint": {"requiredTopologyLevel": RACK}},
+        ],
+    }
+    group = {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup", "metadata": {"name": "subs"}, "spec": spec}
+    r = kube.request("POST", api, body=group)
+    assert r.status == 201, r.body
+    try:
+        for i in range(2):
+            labels = {"peer": "subs", "kai.scheduler/subgroup-name": "a"}
+            member(kube, f"subs-a{i}", labels, gpus=4, annotations={"pod-group-name": "subs"})
+        waiting = wait(
+            "the gang waits for sub-group b",
+            lambda: [
+                g
+                for g in extender["current"].gangs.describe()
+                if g["key"] == f"kai:{NS}/subs" and "sub-group b 0/2" in g["pendingReason"]
+            ],
+        )
+        assert waiting and bound(kube, "peer=subs") == []
+        for i in range(2):
+            labels = {"peer": "subs", "kai.scheduler/subgroup-name": "b"}
+            member(kube, f"subs-b{i}", labels, gpus=4, annotations={"pod-group-name": "subs"})
+        placed = wait("the gang bound whole", lambda: (b := bound(kube, "peer=subs")) and len(b) == 4 and b)
+        where = {p["metadata"]["name"]: labels_of(p["spec"]["nodeName"], kube) for p in placed}
+        assert len({w[BLOCK] for w in where.values()}) == 1
+        for sub in ("a", "b"):
+            assert len({w[RACK] for n, w in where.items() if n.startswith(f"subs-{sub}")}) == 1, where
+    finally:
+        delete_pods(kube, "peer=subs")
+        kube.request("DELETE", f"{api}/subs")
+
+
+@pytest.mark.parametrize("rack", ["b0-r1", "b1-r2"])
+def test_preferred_node_affinity_steers_a_gang(extender: dict[str, Extender], kube: RestKube, rack: str) -> None:
+    """A gang whose members prefer one rack (weight 100) is placed there; asked once for each of
+    two racks, so a placement that ignores the preference cannot pass by chance."""
+    name = f"pref-{rack}"
+    workload(kube, name, 2)
+    affinity = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "preference": {"matchExpressions": [{"key": RACK, "operator": "In", "values": [rack]}]}}
+            ]
+        }
+    }
+    try:
+        for i in range(2):
+            member(kube, f"{name}-{i}", {"phalanx.io/workload": name}, gpus=4, spec={"affinity": affinity})
+        placed = wait("gang bound", lambda: (b := bound(kube, f"phalanx.io/workload={name}")) and len(b) == 2 and b)
+        assert {labels_of(p["spec"]["nodeName"], kube)[RACK] for p in placed} == {rack}
+    finally:
+        delete_pods(kube, f"phalanx.io/workload={name}")
+
+
 def test_a_coscheduling_pod_group_with_kai_topology_annotations(extender: dict[str, Extender], kube: RestKube) -> None:
     group = {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",
