@@ -41,6 +41,7 @@ import csv
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ import numpy.typing as npt
 import orjson
 import structlog
 
+from benchmarks import trace_variants
 from benchmarks.common import record
 from extender.binder import Binder
 from extender.cache import Cache
@@ -576,7 +578,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     ap.add_argument("--pods", type=Path, default=None, help=f"pod list CSV (default {DEFAULT_PODS})")
     ap.add_argument(
-        "--trace", default=None, help="shorthand: openb_pod_list_<TRACE>.csv in the data folder, e.g. gpushare40"
+        "--trace",
+        default=None,
+        help="shorthand: openb_pod_list_<TRACE>.csv in the data folder, e.g. gpushare40; gpuspec<N> not there is "
+        "built by benchmarks/trace_variants.py",
     )
     ap.add_argument("--seeds", type=int, default=10, help="seeds 42.. (default 10, as the paper)")
     ap.add_argument("--quick", action="store_true", help="3 seeds")
@@ -588,6 +593,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--no-record", action="store_true", help="do not append to benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
     pods_path = args.pods or DATA / (f"openb_pod_list_{args.trace}.csv" if args.trace else DEFAULT_PODS)
+    spec = re.fullmatch(r"gpuspec(\d+)", args.trace or "")
+    if args.pods is None and spec and not pods_path.exists():  # a harder variant, built (benchmarks/trace_variants.py)
+        pods_path = trace_variants.variant(int(spec.group(1)) / 100)
     trace = pods_path.stem
     seeds = list(range(SEED0, SEED0 + (3 if args.quick else args.seeds)))
     runs = run_all(args.nodes, pods_path, args.policies, seeds, args.jobs)

@@ -47,10 +47,10 @@ from solver.model import (
     SolveStatus,
 )
 from solver.objective import compactness, domains_used
-from solver.params import PlacementMode, SolverParams
+from solver.params import PlacementMode, SolverParams, UnlabeledNodes
 from solver.placement import Member, gang_order, live_caps, pick_nodes, take_selection
 from solver.problem import Problem, prepare
-from solver.subgroups import place_subgrouped
+from solver.subgroups import explain_subgrouped, place_subgrouped
 from solver.topology import TopologyIndex
 from solver.validate import validate
 
@@ -173,15 +173,17 @@ def _plan(
         placed = _with_subgrouped(full, placed, params)
         baseline = _with_subgrouped(full, baseline, params)
         status = SolveStatus.FEASIBLE if status is SolveStatus.OPTIMAL else status
-    result = _result(full, placed, status, bound, notes, started)
+    result = _result(full, placed, status, bound, notes, started, params.unlabeled_nodes)
     errors = validate(snapshot, requests, result)
     if errors and placed is not baseline:
         log.error("plan failed validation; using the greedy plan", errors=errors[:5])
-        result = _result(full, baseline, SolveStatus.FALLBACK, None, [*notes, *errors[:3]], started)
+        result = _result(
+            full, baseline, SolveStatus.FALLBACK, None, [*notes, *errors[:3]], started, params.unlabeled_nodes
+        )
         errors = validate(snapshot, requests, result)
     if errors:
         log.error("greedy plan failed validation; placing nothing", errors=errors[:5])
-        result = _result(full, {}, SolveStatus.INFEASIBLE, None, [*notes, *errors[:3]], started)
+        result = _result(full, {}, SolveStatus.INFEASIBLE, None, [*notes, *errors[:3]], started, params.unlabeled_nodes)
     return result
 
 
@@ -289,6 +291,7 @@ def _result(
     bound: int | None,
     notes: list[str],
     started: float,
+    unlabeled: UnlabeledNodes = UnlabeledNodes.EXCLUDE,
 ) -> PlanResult:
     gangs = []
     objective = 0
@@ -300,7 +303,11 @@ def _result(
             objective += compactness(problem.topo, gp, members)
             gangs.append(GangPlan(gp.request.name, Outcome.PLACED, assignments, domains_used=used))
         else:
-            why = explain(problem, gp, others_placed=any(k != gp.index for k in placed))
+            others = any(k != gp.index for k in placed)
+            if gp.request.subgroups:
+                why = explain_subgrouped(problem, gp, unlabeled, others_placed=others)
+            else:
+                why = explain(problem, gp, others_placed=others)
             gangs.append(GangPlan(gp.request.name, why.outcome, explanation=why.message))
     if not placed:
         status = SolveStatus.INFEASIBLE

@@ -16,9 +16,10 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from solver.explain import Explanation, explain, level_name
 from solver.greedy import place_gang
 from solver.ledger import Ledger
-from solver.model import EqGroup, GangName, GangRequest, NodeName, SubGroup, TopologyRequest
+from solver.model import EqGroup, GangName, GangRequest, NodeName, Outcome, SubGroup, TopologyRequest
 from solver.params import UnlabeledNodes
 from solver.placement import Member, domain_caps, live_caps
 from solver.problem import GangProblem, Problem, prepare
@@ -157,3 +158,34 @@ def _place(
     if got is None:
         return None
     return [Member(index[part.groups[m.group].name], m.node, m.devices) for m in got]
+
+
+SUBGROUPS_DO_NOT_FIT_TOGETHER = "sub-groups do not fit together"
+
+
+def explain_subgrouped(
+    problem: Problem, gp: GangProblem, unlabeled: UnlabeledNodes, *, others_placed: bool
+) -> Explanation:
+    """The binding constraint of an unplaced gang with sub-groups: the first required sub-group
+    (largest first) that cannot be placed even alone on the free capacity, named; otherwise
+    that they do not fit together (or next to the other gangs of the plan)."""
+    request = gp.request
+    parts = sorted(request.subgroups, key=lambda s: (-s.quorum(request), s.name))
+    cannot = []
+    for sub in parts:
+        part = _part(request, f"{request.name}/{sub.name}", sub.groups, sub.min_count, sub.topology, None)
+        if not part.groups:
+            continue
+        if request.topology.required and not sub.topology.required:
+            part = replace(part, topology=replace(part.topology, required=request.topology.required))
+        alone = prepare(problem.snapshot, [part], problem.topo, unlabeled=unlabeled)
+        if place_gang(problem.topo, alone.gangs[0], Ledger(problem.snapshot)) is None:
+            why = explain(alone, alone.gangs[0], others_placed=False)
+            cannot.append(Explanation(why.outcome, f"sub-group {sub.name!r}: {why.message}"))
+    if len(cannot) > len(parts) - request.subgroup_quorum:
+        return cannot[0]
+    where = f" within one {level_name(request.topology.required)}" if request.topology.required else ""
+    detail = f"each needed sub-group fits alone, but not all of them{where} together"
+    if others_placed:
+        detail += " next to the other gangs of this plan"
+    return Explanation(Outcome.UNSCHEDULABLE, f"{SUBGROUPS_DO_NOT_FIT_TOGETHER}: {detail}")

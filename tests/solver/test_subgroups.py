@@ -192,3 +192,27 @@ def test_sub_grouped_and_plain_gangs_share_the_cluster_without_double_booking() 
     assert result.gang("plain").outcome is Outcome.PLACED and result.gang("job").outcome is Outcome.PLACED
     nodes = [a.node for g in ("plain", "job") for a in result.gang(g).assignments]
     assert len(nodes) == len(set(nodes))
+
+
+def test_the_explanation_names_the_sub_group_that_cannot_fit() -> None:
+    subs = [
+        SubGroup("a", ("a",), 0, TopologyRequest(required=RACK)),
+        SubGroup("big", ("big",), 0, TopologyRequest(required=RACK)),
+    ]
+    result = solve(request([("a", 2), ("big", 5)], subs))
+    why = result.gang("job").explanation
+    assert why.startswith("sub-group 'big': required topology does not fit: needs 40 GPUs within one rack"), why
+
+
+def test_the_explanation_says_when_sub_groups_fit_alone_but_not_together() -> None:
+    """Two sub-groups of 4 each need a rack of their own inside one block: b0 has racks of 4
+    and 2 free nodes, b1 of 3 and 4; each fits alone, never both in one block."""
+    subs = [
+        SubGroup("a", ("a",), 0, TopologyRequest(required=RACK)),
+        SubGroup("b", ("b",), 0, TopologyRequest(required=RACK)),
+    ]
+    result = solve(request([("a", 4), ("b", 4)], subs, required=BLOCK))
+    assert result.gang("job").outcome is Outcome.UNSCHEDULABLE
+    assert result.gang("job").explanation == (
+        "sub-groups do not fit together: each needed sub-group fits alone, but not all of them within one block together"
+    )
