@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
+from extender.config import PhalanxConfig
 from extender.eligibility import preference
-from extender.gangs.requests import quorum_shortfall
+from extender.gangs.requests import Entry, Members, quorum_shortfall, request
 from extender.gangs.sources import KAI_POD_GROUP, WORKLOAD, GangObjects, GangSpec, SubGroupSpec, resolve
 from extender.objects import pod_info
-from solver import TopologyRequest
+from extender.pools import Hardware
+from solver import ClusterSnapshot, GangRequest, Node, NodeName, Resources, TopologyRequest
 from tests.extender.fakes import pod
 
 
@@ -184,3 +186,78 @@ def test_preferred_node_affinity_sums_the_matching_weights(
     case: str, labels: dict[str, str], spec: dict[str, Any], want: int
 ) -> None:
     assert preference("n", labels, spec) == want, case
+
+
+# ---------------------------------------------------------------------------- to the solver
+
+RACKS = ("rack", "kubernetes.io/hostname")
+
+
+def snapshot() -> ClusterSnapshot:
+    """Two racks of two nodes: r0n0 r0n1 | r1n0 r1n1."""
+    nodes = [
+        Node(NodeName(f"{r}{n}"), Resources(8000, 65536, 110), labels={"rack": r}, topology=(r, f"{r}{n}"))
+        for r in ("r0", "r1")
+        for n in ("n0", "n1")
+    ]
+    return ClusterSnapshot(tuple(nodes), RACKS)
+
+
+def member_pod(name: str, group: str = "", node: str = "", affinity: dict[str, Any] | None = None) -> Any:
+    p = pod(name, node_name=node, phase="Running" if node else "Pending")
+    p["metadata"]["labels"] = {"phalanx.io/ranked-group": group} if group else {}
+    if affinity:
+        p["spec"]["affinity"] = affinity
+    return pod_info(p)
+
+
+def ask(spec: GangSpec, pending: list[Any], bound: list[Any] = ()) -> GangRequest:  # type: ignore[assignment]
+    entry = Entry(spec.key, spec, Members(pending, list(bound)))
+    return request(snapshot(), entry, hardware=Hardware(PhalanxConfig().gpu), pool_models=lambda pool: None)
+
+
+def test_members_go_to_their_sub_group_with_its_minimum_and_topology() -> None:
+    spec = spec_with((SubGroupSpec("leader", 0, TopologyRequest(required="rack")), WORKERS), 4)
+    gang = ask(spec, members("leader", "workers", "workers", "workers"))
+    by_name = {s.name: s for s in gang.subgroups}
+    assert set(by_name) == {"leader", "workers"}
+    assert by_name["leader"].topology.required == "rack" and by_name["workers"].min_count == 3
+    sizes = {g.name: g.count for g in gang.groups}
+    assert sorted(sizes[n] for n in by_name["workers"].groups) == [3]
+
+
+def test_a_sub_group_whose_members_run_needs_only_what_they_lack_and_stays_in_their_rack() -> None:
+    """Two of three workers run in rack r1: the third must join them in r1, and the workers
+    sub-group needs one more member (not three)."""
+    spec = spec_with((SubGroupSpec("workers", 3, TopologyRequest(required="rack")),), 3)
+    running = [member_pod("w0", "workers", "r1n0"), member_pod("w1", "workers", "r1n1")]
+    gang = ask(spec, [member_pod("w2", "workers")], running)
+    [sub] = gang.subgroups
+    assert sub.min_count == 1
+    [group] = gang.groups
+    assert group.shape.allowed_nodes == frozenset({"r1n0", "r1n1"})
+    assert gang.min_count == 1
+
+
+def test_a_satisfied_sub_group_is_optional_for_the_quorum_of_sub_groups() -> None:
+    spec = spec_with((LEADER, WORKERS), 4)
+    running = [member_pod("l0", "leader", "r0n0")]
+    gang = ask(spec, [member_pod("l1", "leader"), *[member_pod(f"w{i}", "workers") for i in range(3)]], running)
+    assert {s.name for s in gang.subgroups} == {"leader", "workers"}
+    assert gang.min_subgroups == 1  # the leader sub-group is placed already
+
+
+def test_preferred_affinity_becomes_node_scores_normalised_to_the_best_node() -> None:
+    affinity = {
+        "nodeAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 40,
+                    "preference": {"matchExpressions": [{"key": "rack", "operator": "In", "values": ["r1"]}]},
+                }
+            ]
+        }
+    }
+    gang = ask(spec_with((), 1), [member_pod("p", affinity=affinity)])
+    [group] = gang.groups
+    assert group.node_scores == (("r1n0", 100), ("r1n1", 100))

@@ -214,5 +214,6 @@ def test_the_explanation_says_when_sub_groups_fit_alone_but_not_together() -> No
     result = solve(request([("a", 4), ("b", 4)], subs, required=BLOCK))
     assert result.gang("job").outcome is Outcome.UNSCHEDULABLE
     assert result.gang("job").explanation == (
-        "sub-groups do not fit together: each needed sub-group fits alone, but not all of them within one block together"
+        "sub-groups do not fit together: each needed sub-group fits alone, "
+        "but not all of them within one block together"
     )
