@@ -141,8 +141,13 @@ def _plan(
     snapshot: ClusterSnapshot, requests: list[GangRequest], params: SolverParams, topo: TopologyIndex, started: float
 ) -> PlanResult:
     full = prepare(snapshot, requests, topo, unlabeled=params.unlabeled_nodes)
-    # Gangs with sub-groups are placed by their own search once the others are (`subgroups.py`).
-    problem = replace(full, gangs=[gp for gp in full.gangs if not gp.request.subgroups])
+    # Gangs with sub-groups are placed by their own search once the others are (`subgroups.py`);
+    # the others are solved as a problem of their own (gang indices are list positions).
+    plain = [gp.index for gp in full.gangs if not gp.request.subgroups]
+    if len(plain) < len(full.gangs):
+        problem = prepare(snapshot, [requests[i] for i in plain], topo, unlabeled=params.unlabeled_nodes)
+    else:
+        problem = full
     spread = params.placement_mode is PlacementMode.LOW_LOAD_FIRST
     baseline = greedy(problem, Ledger(snapshot, spread=spread, workload=params.workload))
     hint = _better(problem, compact(problem, Ledger(snapshot, spread=spread, workload=params.workload)), baseline)
@@ -169,9 +174,9 @@ def _plan(
             log.warning("cp-sat found no plan in time; using the heuristic plan", status=solution.status)
             notes.append(f"cp-sat {solution.status}: heuristic fallback")
             placed, status, bound = hint, SolveStatus.FALLBACK, None
-    if len(problem.gangs) < len(full.gangs):
-        placed = _with_subgrouped(full, placed, params)
-        baseline = _with_subgrouped(full, baseline, params)
+    if problem is not full:
+        placed = _with_subgrouped(full, {plain[k]: v for k, v in placed.items()}, params)
+        baseline = _with_subgrouped(full, {plain[k]: v for k, v in baseline.items()}, params)
         status = SolveStatus.FEASIBLE if status is SolveStatus.OPTIMAL else status
     result = _result(full, placed, status, bound, notes, started, params.unlabeled_nodes)
     errors = validate(snapshot, requests, result)

@@ -21,6 +21,7 @@ from solver import (
     PodShape,
     Resources,
     Slice,
+    SubGroup,
     TopologyRequest,
     plan,
 )
@@ -173,3 +174,74 @@ def test_when_greedy_places_a_gang_the_solver_is_at_least_as_compact(
         assert result.gangs[0].outcome is Outcome.PLACED
         assert len(result.gangs[0].assignments) == request.count
         assert result.objective <= compactness(topo, problem.gangs[0], base[0])
+
+
+# ---------------------------------------------------------------------------- sub-groups and preferences
+
+
+@st.composite
+def subgrouped(draw: st.DrawFn, index: int) -> GangRequest:
+    """A gang of 2-3 groups in sub-groups with their own minimum and topology (never coarser
+    than the gang's required level), sometimes a group in no sub-group."""
+    groups = tuple(EqGroup(f"grp{i}", draw(shapes()), draw(st.integers(1, 3))) for i in range(draw(st.integers(2, 3))))
+    required = draw(st.sampled_from(["", "block", "rack"]))
+    finer = {
+        "": ["", "block", "rack", "kubernetes.io/hostname"],
+        "block": ["", "block", "rack", "kubernetes.io/hostname"],
+    }
+    finer["rack"] = ["", "rack", "kubernetes.io/hostname"]
+    subs = []
+    names = [g.name for g in groups]
+    if draw(st.booleans()):
+        names = names[:-1]  # the last group in no sub-group
+    for i, name in enumerate(names):
+        count = groups[i].count
+        level = draw(st.sampled_from(finer[required]))
+        slices = (Slice("kubernetes.io/hostname", 2),) if count % 2 == 0 and draw(st.integers(0, 3)) == 0 else ()
+        subs.append(SubGroup(f"s{i}", (name,), draw(st.integers(0, count)), TopologyRequest(level, "", slices)))
+    total = sum(g.count for g in groups)
+    return GangRequest(
+        GangName(f"sg{index}"),
+        groups,
+        min_count=draw(st.integers(0, total)),
+        topology=TopologyRequest(required, draw(st.sampled_from(["", "rack"]))),
+        priority=draw(st.integers(0, 2)),
+        subgroups=tuple(subs),
+        min_subgroups=draw(st.integers(0, len(subs))),
+    )
+
+
+@SETTINGS
+@given(snapshots(), st.lists(st.integers(0, 1), min_size=1, max_size=3), st.data())
+def test_gangs_with_sub_groups_get_valid_plans_next_to_plain_gangs(
+    snapshot: ClusterSnapshot, kinds: list[int], data: st.DataObject
+) -> None:
+    """Every plan passes the validator, whose checks include each sub-group rule (placed whole
+    or not at all, its own required domain and slices, the quorum of sub-groups); an unplaced
+    gang with sub-groups says why."""
+    requests = [data.draw(subgrouped(i) if k else gangs(i)) for i, k in enumerate(kinds)]
+    result = plan(snapshot, requests)
+    assert validate(snapshot, requests, result) == []
+    for g in result.gangs:
+        if g.outcome is not Outcome.PLACED:
+            assert g.explanation and not g.assignments
+
+
+@SETTINGS
+@given(snapshots(), gangs(0), st.data())
+def test_preferred_nodes_never_hide_capacity(snapshot: ClusterSnapshot, gang: GangRequest, data: st.DataObject) -> None:
+    """A gang alone is placed with node scores exactly when it is placed without them."""
+    names = [n.name for n in snapshot.nodes]
+    scored = tuple(
+        EqGroup(
+            g.name,
+            g.shape,
+            g.count,
+            node_scores=tuple((n, data.draw(st.integers(1, 100))) for n in names if data.draw(st.booleans())),
+        )
+        for g in gang.groups
+    )
+    preferring = GangRequest(gang.name, scored, gang.min_count, gang.topology, gang.priority)
+    plain, preferred = plan(snapshot, [gang]), plan(snapshot, [preferring])
+    assert validate(snapshot, [preferring], preferred) == []
+    assert (plain.gangs[0].outcome is Outcome.PLACED) == (preferred.gangs[0].outcome is Outcome.PLACED)
