@@ -100,7 +100,8 @@ def request(snapshot: ClusterSnapshot, entry: Entry, *, hardware: Hardware, pool
             own = anchor_domain(snapshot, subs[sub].topology.required, running[sub])
             where = own if where is None else (where & own if own is not None else where)
         shape = member_shape(snapshot, req, demand, placement, where, hardware=hardware, pool_models=pool_models)
-        eqs.append(EqGroup(name, shape, len(pods), node_scores=node_scores(snapshot, placement, shape.allowed_nodes)))
+        scores = node_scores(snapshot, placement, shape.allowed_nodes) or near(snapshot, [n for _, n in placed])
+        eqs.append(EqGroup(name, shape, len(pods), node_scores=scores))
         if sub:
             in_sub[sub].append(name)
     subgroups, min_subgroups = _subgroups(spec, in_sub, running)
@@ -138,6 +139,34 @@ def _subgroups(
     if done:  # some sub-groups are placed already: the others are needed only to reach the quorum
         return tuple(out), min(len(out), max(1, required))
     return tuple(out), min(len(out), spec.min_subgroups) if spec.min_subgroups else 0
+
+
+def near(snapshot: ClusterSnapshot, nodes: list[str]) -> tuple[tuple[NodeName, int], ...]:
+    """Nodes close to the gang's placed members, as node scores: sharing their rack scores
+    more than sharing only their block (each topology level above hosts, finest highest), so
+    a member that joins late or replaces a failed one goes next to its peers while there is
+    room there; () when no member is placed."""
+    depth = len([lv for lv in snapshot.levels if lv not in ("kubernetes.io/hostname", "hostname")])
+    if not nodes or depth == 0:
+        return ()
+    paths = {str(n.name): n.topology[:depth] for n in snapshot.nodes}
+    anchors = {paths[n] for n in nodes if n in paths}
+    if not anchors:
+        return ()
+    out = []
+    for n in snapshot.nodes:
+        shared = max(_common(n.topology[:depth], a) for a in anchors)
+        if shared:
+            out.append((n.name, 100 * shared // depth))
+    return tuple(out)
+
+
+def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    """Levels two topology paths share from the coarsest (empty values share nothing)."""
+    k = 0
+    while k < min(len(a), len(b)) and a[k] and a[k] == b[k]:
+        k += 1
+    return k
 
 
 def node_scores(

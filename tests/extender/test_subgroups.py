@@ -13,7 +13,7 @@ from extender.gangs.requests import Entry, Members, quorum_shortfall, request
 from extender.gangs.sources import KAI_POD_GROUP, WORKLOAD, GangObjects, GangSpec, SubGroupSpec, resolve
 from extender.objects import pod_info
 from extender.pools import Hardware
-from solver import ClusterSnapshot, GangRequest, Node, NodeName, Resources, TopologyRequest
+from solver import ClusterSnapshot, GangRequest, Node, NodeName, Resources, TopologyRequest, plan
 from tests.extender.fakes import pod
 
 
@@ -261,3 +261,13 @@ def test_preferred_affinity_becomes_node_scores_normalised_to_the_best_node() ->
     gang = ask(spec_with((), 1), [member_pod("p", affinity=affinity)])
     [group] = gang.groups
     assert group.node_scores == (("r1n0", 100), ("r1n1", 100))
+
+
+@pytest.mark.parametrize("peer", ["r0n1", "r1n0"])
+def test_a_member_joining_later_goes_next_to_its_placed_peers(peer: str) -> None:
+    """One member runs on `peer`; the one that joins (elastic growth, a replacement) is planned
+    in the same rack, whichever rack that is."""
+    gang = ask(spec_with((), 1), [member_pod("late")], [member_pod("early", node=peer)])
+    result = plan(snapshot(), [gang])
+    [placed] = result.gangs[0].assignments
+    assert placed.node[:2] == peer[:2]
