@@ -203,7 +203,7 @@ def _with_subgrouped(full: Problem, placed: Placement, params: SolverParams) -> 
     out = dict(placed)
     for gp in gang_order(full):
         if gp.request.subgroups:
-            found = place_subgrouped(full, gp, ledger, params.unlabeled_nodes)
+            found = place_subgrouped(full, gp, ledger, params.unlabeled_nodes, time_limit_s=params.time_limit_s)
             if found is not None:
                 out[gp.index] = found
     return out

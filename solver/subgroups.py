@@ -8,12 +8,14 @@ are placed one after another, each as a gang of its own (`greedy.place_gang`: it
 domain, preferred compactness and slices) restricted to that domain, then the members in no
 sub-group. Sub-groups go largest quorum first; when that order fails, every other order is tried
 (up to `MAX_ORDERS`), so the order in which a request lists its groups never decides
-feasibility. The first domain and order that place the quorum win.
+feasibility. The first domain and order that place the quorum win; the search stops at the
+solver's time limit.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import replace
 
 from solver.explain import Explanation, explain, level_name
@@ -30,15 +32,20 @@ MAX_ORDERS = 24  # orders of the sub-groups tried in one domain (all of them up 
 
 
 def place_subgrouped(
-    problem: Problem, gp: GangProblem, ledger: Ledger, unlabeled: UnlabeledNodes
+    problem: Problem, gp: GangProblem, ledger: Ledger, unlabeled: UnlabeledNodes, *, time_limit_s: float = 1.0
 ) -> list[Member] | None:
-    """The gang's members, or None (the ledger unchanged)."""
+    """The gang's members, or None (the ledger unchanged). The search stops at the first
+    placement, or once `time_limit_s` has passed (a gang that fits nowhere on a large cluster
+    would otherwise try every domain and order)."""
+    deadline = time.monotonic() + time_limit_s
     for scope in _scopes(problem, gp, ledger):
         saved = ledger.checkpoint()
-        members = _in_scope(problem, gp, ledger, unlabeled, scope)
+        members = _in_scope(problem, gp, ledger, unlabeled, scope, deadline)
         if members is not None:
             return members
         ledger.restore(saved)
+        if time.monotonic() > deadline:
+            break
     return None
 
 
@@ -76,7 +83,12 @@ def _nodes_under(topo: TopologyIndex, domain: int) -> list[int]:
 
 
 def _in_scope(
-    problem: Problem, gp: GangProblem, ledger: Ledger, unlabeled: UnlabeledNodes, scope: frozenset[NodeName] | None
+    problem: Problem,
+    gp: GangProblem,
+    ledger: Ledger,
+    unlabeled: UnlabeledNodes,
+    scope: frozenset[NodeName] | None,
+    deadline: float,
 ) -> list[Member] | None:
     request = gp.request
     parts = sorted(request.subgroups, key=lambda s: (-s.quorum(request), s.name))
@@ -87,6 +99,8 @@ def _in_scope(
         if members is not None:
             return members
         ledger.restore(start)
+        if time.monotonic() > deadline:
+            break
     return None
 
 
