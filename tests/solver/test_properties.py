@@ -230,7 +230,9 @@ def test_gangs_with_sub_groups_get_valid_plans_next_to_plain_gangs(
 @SETTINGS
 @given(snapshots(), gangs(0), st.data())
 def test_preferred_nodes_never_hide_capacity(snapshot: ClusterSnapshot, gang: GangRequest, data: st.DataObject) -> None:
-    """A gang alone is placed with node scores exactly when it is placed without them."""
+    """A gang alone that is placed without node scores is placed with them (its last tier is
+    the gang as asked). The converse need not hold: a narrower tier can lead the heuristics
+    to a placement they miss on the whole cluster."""
     names = [n.name for n in snapshot.nodes]
     scored = tuple(
         EqGroup(
@@ -244,4 +246,5 @@ def test_preferred_nodes_never_hide_capacity(snapshot: ClusterSnapshot, gang: Ga
     preferring = GangRequest(gang.name, scored, gang.min_count, gang.topology, gang.priority)
     plain, preferred = plan(snapshot, [gang]), plan(snapshot, [preferring])
     assert validate(snapshot, [preferring], preferred) == []
-    assert (plain.gangs[0].outcome is Outcome.PLACED) == (preferred.gangs[0].outcome is Outcome.PLACED)
+    if plain.gangs[0].outcome is Outcome.PLACED:
+        assert preferred.gangs[0].outcome is Outcome.PLACED
