@@ -94,6 +94,8 @@ def _levels_known(topo: TopologyIndex, request: GangRequest) -> str | None:
 
 def _slices(topo: TopologyIndex, request: GangRequest) -> str | None:
     tr = request.topology
+    if tr.balanced and not tr.preferred:
+        return "topology.balanced needs topology.preferred: the level whose domains the members are spread over"
     required = topo.level_of(tr.required) if tr.required else -1
     for i, s in enumerate(tr.slices):
         if not s.level:

@@ -226,11 +226,14 @@ class Slice:
 @dataclass(frozen=True, slots=True)
 class TopologyRequest:
     """Required level: every member in one domain of it. Preferred: as few domains as possible
-    at that level and every level below it. Slices: see `Slice`."""
+    at that level and every level below it. Slices: see `Slice`. Balanced (with a preferred
+    level): the members spread as evenly as they can over the fewest preferred-level domains
+    that hold them (Kueue's balanced placement): 4 + 4 rather than 7 + 1."""
 
     required: str = ""
     preferred: str = ""
     slices: tuple[Slice, ...] = ()
+    balanced: bool = False
 
     @property
     def any(self) -> bool:

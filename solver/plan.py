@@ -31,6 +31,7 @@ from dataclasses import replace
 import structlog
 
 from solver.admit import check
+from solver.balance import balanced
 from solver.compact import compact, floors
 from solver.cpsat import DomainModel, DomainSolution
 from solver.explain import Explanation, explain
@@ -178,6 +179,9 @@ def _plan(
         placed = _with_subgrouped(full, {plain[k]: v for k, v in placed.items()}, params)
         baseline = _with_subgrouped(full, {plain[k]: v for k, v in baseline.items()}, params)
         status = SolveStatus.FEASIBLE if status is SolveStatus.OPTIMAL else status
+    if any(gp.request.topology.balanced for gp in full.gangs):
+        ledger = Ledger(snapshot, spread=spread, workload=params.workload)
+        placed = balanced(full, placed, ledger, params.unlabeled_nodes)
     result = _result(full, placed, status, bound, notes, started, params.unlabeled_nodes)
     errors = validate(snapshot, requests, result)
     if errors and placed is not baseline:

@@ -256,7 +256,9 @@ def _group_count(group: JSON) -> int:
 
 def _topology(req: JSON) -> TopologyRequest:
     slices = tuple(Slice(str(s.get("level", "")), int(s.get("size") or 1)) for s in req.get("slices") or [])
-    return TopologyRequest(str(req.get("required") or ""), str(req.get("preferred") or ""), slices)
+    return TopologyRequest(
+        str(req.get("required") or ""), str(req.get("preferred") or ""), slices, balanced=req.get("balanced") is True
+    )
 
 
 def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:

@@ -67,6 +67,10 @@ def test_workload_members_resolve_to_the_group_with_counts_timeout_and_topology(
     assert res is not None and res.spec is not None
     assert (res.key, res.spec.min_count, res.spec.count, res.spec.timeout_s) == ("wl:default/job", 12, 16, 30)
     assert res.spec.topology.required == "block" and res.spec.topology.slices[0].size == 8
+    assert not res.spec.topology.balanced
+    objects.replace(WORKLOAD, [workload("even", 4, topologyRequest={"preferred": "rack", "balanced": True})])
+    even = resolve(objects, "default", {"phalanx.io/workload": "even"}, {}, "")
+    assert even is not None and even.spec is not None and even.spec.topology.balanced
 
 
 def test_a_missing_definition_is_a_reason_not_an_error() -> None:
