@@ -95,7 +95,8 @@ def shapes(draw: st.DrawFn) -> PodShape:
 
 
 @st.composite
-def gangs(draw: st.DrawFn, index: int) -> GangRequest:
+def gangs(draw: st.DrawFn, index: int, balanced: bool = False) -> GangRequest:
+    """`balanced`: may ask for balanced placement (then less compact below its preferred level)."""
     count = draw(st.integers(1, 6))
     level = draw(st.sampled_from(["", *LEVELS]))
     preferred = draw(st.sampled_from(["", "rack"]))
@@ -113,7 +114,9 @@ def gangs(draw: st.DrawFn, index: int) -> GangRequest:
         GangName(f"g{index}"),
         tuple(groups),
         min_count=draw(st.integers(0, total)),
-        topology=TopologyRequest(level, preferred, slices),
+        topology=TopologyRequest(
+            level, preferred, slices, balanced=balanced and bool(preferred) and draw(st.booleans())
+        ),
         priority=draw(st.integers(0, 2)),
     )
 
@@ -121,7 +124,7 @@ def gangs(draw: st.DrawFn, index: int) -> GangRequest:
 @st.composite
 def problems(draw: st.DrawFn) -> tuple[ClusterSnapshot, list[GangRequest]]:
     snapshot = draw(snapshots())
-    return snapshot, [draw(gangs(i)) for i in range(draw(st.integers(1, 3)))]
+    return snapshot, [draw(gangs(i, balanced=True)) for i in range(draw(st.integers(1, 3)))]
 
 
 SETTINGS = settings(
