@@ -12,7 +12,7 @@ first problem is reported.
 from __future__ import annotations
 
 from solver.explain import Explanation, level_name
-from solver.model import GangRequest, Outcome
+from solver.model import GangRequest, Outcome, TopologyRequest
 from solver.topology import TopologyIndex
 
 INVALID_REQUEST = "invalid request"
@@ -49,11 +49,9 @@ def _subgroups(topo: TopologyIndex, request: GangRequest) -> str | None:
         if not 0 <= sub.min_count <= members:
             return f"{where} has minCount {sub.min_count}, outside 0..{members} (its members)"
         tr = sub.topology
-        named = [("required", tr.required), ("preferred", tr.preferred)]
-        named += [(f"slices[{i}].level", s.level) for i, s in enumerate(tr.slices)]
-        for field, level in named:
-            if level and not topo.has_level(level):
-                return f"{where} topology.{field} {level!r} is not a topology level (levels: {_levels(topo)})"
+        unknown = _unknown_level(topo, tr, f"{where} topology.")
+        if unknown is not None:
+            return unknown
         gang_required = request.topology.required
         if tr.required and gang_required and topo.level_of(tr.required) < topo.level_of(gang_required):
             return (
@@ -83,12 +81,16 @@ def _members(request: GangRequest) -> str | None:
 
 
 def _levels_known(topo: TopologyIndex, request: GangRequest) -> str | None:
-    tr = request.topology
-    named = [("topology.required", tr.required), ("topology.preferred", tr.preferred)]
-    named += [(f"topology.slices[{i}].level", s.level) for i, s in enumerate(tr.slices)]
+    return _unknown_level(topo, request.topology, "topology.")
+
+
+def _unknown_level(topo: TopologyIndex, tr: TopologyRequest, prefix: str) -> str | None:
+    """The first level a topology request names that the cluster does not have, in words."""
+    named = [("required", tr.required), ("preferred", tr.preferred)]
+    named += [(f"slices[{i}].level", s.level) for i, s in enumerate(tr.slices)]
     for field, level in named:
         if level and not topo.has_level(level):
-            return f"{field} {level!r} is not a topology level of this cluster (levels: {_levels(topo)})"
+            return f"{prefix}{field} {level!r} is not a topology level of this cluster (levels: {_levels(topo)})"
     return None
 
 
