@@ -20,6 +20,13 @@ Algorithm, in phases:
 5. Validate the plan independently (`validate.py`); an invalid plan is never returned: the
    greedy plan replaces it, and an invalid greedy plan places nothing.
 Unplaced gangs carry the binding constraint in words (`explain.py`).
+
+Around these phases: gangs with sub-groups are left out of phases 1-3 and placed afterwards by
+their own search on what the others left (`subgroups.py`); balanced gangs are then spread
+evenly over their preferred-level domains (`balance.py`); and when any group has node scores
+(preferred nodes), the whole plan runs once per score tier a scored gang needs, best tier
+first (`_preferring`). Priority order for a gang: admission, required topology and quorum
+(sub-groups included), then its best preferred tier, then compactness, then balance.
 """
 
 from __future__ import annotations
