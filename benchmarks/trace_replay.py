@@ -69,7 +69,8 @@ from extender.verbs import Verbs
 from solver.frag import Demand, Policy, WorkloadClass, workload_classes
 from solver.frag_arrays import ClassTable, candidate_deltas, fgd_score, take_devices
 from solver.model import FULL_SHARE, DeviceAssignment
-from solver.packing import Packer, PackingPlan
+from solver.packing import Packer, PackingPlan, PooledPacker
+from solver.pools import Pool, PoolLedger, PoolPlan
 
 DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
@@ -219,6 +220,64 @@ class DeltaCache:
 
 
 Chooser = Callable[[State, Demand, "npt.NDArray[np.int64]", np.random.Generator], tuple[int, int]]
+Skipped = Callable[[Demand], None]  # told of each pod that fit nowhere
+
+
+@dataclass
+class PoolTracker:
+    """The model pools of solver.pools over the replay's arrays: each node's pool, the ledger
+    of what constrained groups still have to claim, and the nodes a pod keeps to."""
+
+    keys: tuple[str, ...]
+    pool_of: I64  # [nodes] index into keys
+    ledger: PoolLedger
+
+    @staticmethod
+    def build(cluster: Cluster, classes: Sequence[WorkloadClass]) -> PoolTracker:
+        keys = tuple(sorted(set(cluster.models)))
+        pool_of = np.array([keys.index(m) for m in cluster.models], dtype=np.int64)
+        pools = [
+            Pool(
+                key=k,
+                model=k,
+                gpu_milli=int(cluster.gpus[pool_of == i].sum()) * FULL_SHARE,
+                cpu_milli=int(cluster.cpu[pool_of == i].sum()),
+                memory_mib=int(cluster.memory[pool_of == i].sum()),
+            )
+            for i, k in enumerate(keys)
+        ]
+        return PoolTracker(keys, pool_of, PoolLedger(PoolPlan.build(classes, pools)))
+
+    def packer(self, classes: Sequence[WorkloadClass]) -> PooledPacker:
+        """A packer per pool, each for the classes the pool plan expects there (one for the
+        whole cluster when no class names a model)."""
+        plan = self.ledger.plan
+        if not plan.expected:
+            return PooledPacker({"": Packer(PackingPlan.build(classes))}, lambda node: "")
+        packers = {k: Packer(PackingPlan.build(plan.classes_on(k, classes))) for k in self.keys}
+        return PooledPacker(packers, lambda node: self.keys[self.pool_of[node]])  # type: ignore[index]
+
+    def keep_out(self, state: State, d: Demand, rows: I64) -> I64:
+        """`rows` in the pools where `d` trespasses on no other group's claim, if any; else all."""
+        if not d.uses_gpu or not self.ledger.plan.expected:
+            return rows
+        free = np.bincount(self.pool_of, weights=state.free.sum(axis=1), minlength=len(self.keys))
+        open_ = np.array(
+            [
+                not self.ledger.trespasses(d.models, k, free_milli=float(free[i]), gpu_milli=d.gpu_total)
+                for i, k in enumerate(self.keys)
+            ]
+        )
+        keep = open_[self.pool_of[rows]]
+        return rows[keep] if keep.any() else rows
+
+    def placed(self, d: Demand, node: int) -> None:
+        if d.uses_gpu:
+            self.ledger.placed(d.models, self.keys[self.pool_of[node]], d.gpu_total)
+
+    def skipped(self, d: Demand) -> None:
+        if d.uses_gpu:
+            self.ledger.skipped(d.models, d.gpu_total)
 
 
 def choose_random(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
@@ -259,14 +318,27 @@ def _best(deltas: F64, rows: I64, d: Demand) -> tuple[int, int]:
     return int(rows[int(np.argmax(scores[:, 0]))]), -1
 
 
-def phalanx_chooser(cache: DeltaCache, packer: Packer) -> Chooser:
+def phalanx_chooser(cache: DeltaCache, packer: PooledPacker, pools: PoolTracker) -> Chooser:
     """Phalanx's policy: the capped measure's score, with share pods following the packing
-    plan (solver.packing): join a device awaiting the pod's size, else open an idle device
-    on a node with headroom for the pattern's other members, else the best score anywhere.
-    Every pod first avoids nodes where it would eat into reservations, when it can."""
+    plan of the node's model pool (solver.packing): join a device awaiting the pod's size,
+    else open an idle device on a node with headroom for the pattern's other members, else the
+    best score anywhere. Every GPU pod first keeps to model pools where it takes no share held
+    for the pods that can only use that pool (solver.pools), and every pod avoids nodes where
+    it would eat into reservations, when it can."""
 
     def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
-        size = d.gpu_milli if d.is_share and packer.plan.knows(d.gpu_milli) else 0
+        rows = pools.keep_out(state, d, rows)
+        size = d.gpu_milli if d.is_share and packer.knows(d.gpu_milli) else 0
+        rows, room = _spare(state, d, rows, size)
+        node, device = (
+            _place_share(state, d, rows, room, size) if size else _best(cache.deltas(state, d, rows), rows, d)
+        )
+        pools.placed(d, node)
+        return node, device
+
+    def _spare(state: State, d: Demand, rows: I64, size: int) -> tuple[I64, tuple[F64, F64]]:
+        """The rows where the pod leaves reservations whole (all if none does), and the CPU
+        and memory each would have left beyond its reservations."""
         cpu_after, mem_after = state.cpu[rows] - d.cpu_milli, state.memory[rows] - d.memory_mib
         res_cpu, res_mem = np.zeros(len(rows)), np.zeros(len(rows))
         for node, cpu, mem in packer.reservations():
@@ -275,15 +347,17 @@ def phalanx_chooser(cache: DeltaCache, packer: Packer) -> Chooser:
                 res_cpu[at], res_mem[at] = cpu, mem
         keeps = (cpu_after >= res_cpu - 1e-6) & (mem_after >= res_mem - 1e-6)
         if size:  # its own device's reservation is its to take
-            keeps |= (cpu_after >= res_cpu - packer.plan.cpu[size] - 1e-6) & (
-                mem_after >= res_mem - packer.plan.memory[size] - 1e-6
-            )
+            own = [packer.of(int(n)).plan for n in rows]
+            own_cpu = np.array([p.cpu.get(size, 0.0) for p in own])
+            own_mem = np.array([p.memory.get(size, 0.0) for p in own])
+            keeps |= (cpu_after >= res_cpu - own_cpu - 1e-6) & (mem_after >= res_mem - own_mem - 1e-6)
         if keeps.any() and not keeps.all():
             rows, cpu_after, mem_after = rows[keeps], cpu_after[keeps], mem_after[keeps]
             res_cpu, res_mem = res_cpu[keeps], res_mem[keeps]
+        return rows, (cpu_after - res_cpu, mem_after - res_mem)
+
+    def _place_share(state: State, d: Demand, rows: I64, room: tuple[F64, F64], size: int) -> tuple[int, int]:
         deltas = cache.deltas(state, d, rows)
-        if not size:
-            return _best(deltas, rows, d)
         join = np.full(deltas.shape, np.inf)
         for node, device in packer.awaiting(size):
             at = np.searchsorted(rows, node)
@@ -293,9 +367,12 @@ def phalanx_chooser(cache: DeltaCache, packer: Packer) -> Chooser:
             node, device = _best(join, rows, d)
             packer.placed(node, device, size, fresh=False)
             return node, device
-        need_cpu, need_mem = packer.opening_need(size)
-        room = (cpu_after - res_cpu >= need_cpu) & (mem_after - res_mem >= need_mem)
-        fresh = np.where((state.free[rows] == FULL_SHARE) & room[:, None], deltas, np.inf)
+        need = {
+            key: p.opening_need(size) if p.plan.knows(size) else (np.inf, np.inf) for key, p in packer.packers.items()
+        }
+        need_cpu, need_mem = (np.array([need[packer.pool_of(int(n))][i] for n in rows]) for i in (0, 1))
+        fits = (room[0] >= need_cpu) & (room[1] >= need_mem)
+        fresh = np.where((state.free[rows] == FULL_SHARE) & fits[:, None], deltas, np.inf)
         if np.isfinite(fresh).any():
             node, device = _best(fresh, rows, d)
         else:
@@ -414,7 +491,7 @@ def replay(
     rng = np.random.default_rng(seed + 7919)
     order = arrival_order(pods, cluster.total_gpu_milli, seed)
     state = State.fresh(cluster)
-    choose = _chooser(policy, cluster, classes)
+    choose, skipped = _chooser(policy, cluster, classes)
     model_ok: dict[frozenset[str] | None, npt.NDArray[np.bool_]] = {}
     arrived = np.zeros(len(order))
     alloc = np.zeros(len(order))
@@ -429,6 +506,8 @@ def replay(
             node, device = choose(state, d, rows, rng)
             state.place(node, d, device)
             placed += d.gpu_total
+        else:
+            skipped(d)
         arrived[step], alloc[step] = asked, placed
         if progress is not None and step % 500 == 499:
             progress(500)
@@ -438,19 +517,25 @@ def replay(
     return Run(policy, seed, arrived * scale, alloc * scale, time.perf_counter() - start, len(order))
 
 
-def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) -> Chooser:
+def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) -> tuple[Chooser, Skipped]:
+    """The policy's chooser, and what it is told of pods that fit nowhere."""
     if policy == "extender":
-        return extender_chooser(cluster)
+        return extender_chooser(cluster), _ignore
     if policy == "random":
-        return choose_random
+        return choose_random, _ignore
     if policy == "bestfit":
-        return choose_bestfit
+        return choose_bestfit, _ignore
     p = Policy.FGD if policy == "fgd" else Policy.PHALANX
     table = ClassTable.build(classes, p)
     cache = DeltaCache(table.access(cluster.models), table)
     if p is Policy.FGD:
-        return fgd_chooser(cache)
-    return phalanx_chooser(cache, Packer(PackingPlan.build(classes)))
+        return fgd_chooser(cache), _ignore
+    pools = PoolTracker.build(cluster, classes)
+    return phalanx_chooser(cache, pools.packer(classes), pools), pools.skipped
+
+
+def _ignore(d: Demand) -> None:
+    return None
 
 
 # --------------------------------------------------------------------------- the driver
