@@ -69,7 +69,7 @@ from extender.verbs import Verbs
 from solver.frag import Demand, Policy, WorkloadClass, workload_classes
 from solver.frag_arrays import ClassTable, candidate_deltas, fgd_score, take_devices
 from solver.model import FULL_SHARE, DeviceAssignment
-from solver.packing import Packer, PackingPlan, PooledPacker
+from solver.packing import Packer, PackingPlan
 from solver.pools import Pool, PoolLedger, PoolPlan
 
 DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
@@ -238,7 +238,6 @@ class PoolTracker:
         pool_of = np.array([keys.index(m) for m in cluster.models], dtype=np.int64)
         pools = [
             Pool(
-                key=k,
                 model=k,
                 gpu_milli=int(cluster.gpus[pool_of == i].sum()) * FULL_SHARE,
                 cpu_milli=int(cluster.cpu[pool_of == i].sum()),
@@ -247,15 +246,6 @@ class PoolTracker:
             for i, k in enumerate(keys)
         ]
         return PoolTracker(keys, pool_of, PoolLedger(PoolPlan.build(classes, pools)))
-
-    def packer(self, classes: Sequence[WorkloadClass]) -> PooledPacker:
-        """A packer per pool, each for the classes the pool plan expects there (one for the
-        whole cluster when no class names a model)."""
-        plan = self.ledger.plan
-        if not plan.expected:
-            return PooledPacker({"": Packer(PackingPlan.build(classes))}, lambda node: "")
-        packers = {k: Packer(PackingPlan.build(plan.classes_on(k, classes))) for k in self.keys}
-        return PooledPacker(packers, lambda node: self.keys[self.pool_of[node]])  # type: ignore[index]
 
     def keep_out(self, state: State, d: Demand, rows: I64) -> I64:
         """`rows` in the pools where `d` trespasses on no other group's claim, if any; else all."""
@@ -318,27 +308,21 @@ def _best(deltas: F64, rows: I64, d: Demand) -> tuple[int, int]:
     return int(rows[int(np.argmax(scores[:, 0]))]), -1
 
 
-def phalanx_chooser(cache: DeltaCache, packer: PooledPacker, pools: PoolTracker) -> Chooser:
+def phalanx_chooser(cache: DeltaCache, packer: Packer, pools: PoolTracker) -> Chooser:
     """Phalanx's policy: the capped measure's score, with share pods following the packing
-    plan of the node's model pool (solver.packing): join a device awaiting the pod's size,
-    else open an idle device on a node with headroom for the pattern's other members, else the
-    best score anywhere. Every GPU pod first keeps to model pools where it takes no share held
-    for the pods that can only use that pool (solver.pools), and every pod avoids nodes where
-    it would eat into reservations, when it can."""
+    plan (solver.packing): join a device awaiting the pod's size, else open an idle device
+    on a node with headroom for the pattern's other members, else the best score anywhere.
+    Every GPU pod first keeps to the model pools where it takes no share held for the pods
+    that can only use that pool (solver.pools), and every pod avoids nodes where it would eat
+    into reservations, when it can."""
 
     def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
-        rows = pools.keep_out(state, d, rows)
-        size = d.gpu_milli if d.is_share and packer.knows(d.gpu_milli) else 0
-        rows, room = _spare(state, d, rows, size)
-        node, device = (
-            _place_share(state, d, rows, room, size) if size else _best(cache.deltas(state, d, rows), rows, d)
-        )
+        node, device = pick(state, d, pools.keep_out(state, d, rows))
         pools.placed(d, node)
         return node, device
 
-    def _spare(state: State, d: Demand, rows: I64, size: int) -> tuple[I64, tuple[F64, F64]]:
-        """The rows where the pod leaves reservations whole (all if none does), and the CPU
-        and memory each would have left beyond its reservations."""
+    def pick(state: State, d: Demand, rows: I64) -> tuple[int, int]:
+        size = d.gpu_milli if d.is_share and packer.plan.knows(d.gpu_milli) else 0
         cpu_after, mem_after = state.cpu[rows] - d.cpu_milli, state.memory[rows] - d.memory_mib
         res_cpu, res_mem = np.zeros(len(rows)), np.zeros(len(rows))
         for node, cpu, mem in packer.reservations():
@@ -347,17 +331,15 @@ def phalanx_chooser(cache: DeltaCache, packer: PooledPacker, pools: PoolTracker)
                 res_cpu[at], res_mem[at] = cpu, mem
         keeps = (cpu_after >= res_cpu - 1e-6) & (mem_after >= res_mem - 1e-6)
         if size:  # its own device's reservation is its to take
-            own = [packer.of(int(n)).plan for n in rows]
-            own_cpu = np.array([p.cpu.get(size, 0.0) for p in own])
-            own_mem = np.array([p.memory.get(size, 0.0) for p in own])
-            keeps |= (cpu_after >= res_cpu - own_cpu - 1e-6) & (mem_after >= res_mem - own_mem - 1e-6)
+            keeps |= (cpu_after >= res_cpu - packer.plan.cpu[size] - 1e-6) & (
+                mem_after >= res_mem - packer.plan.memory[size] - 1e-6
+            )
         if keeps.any() and not keeps.all():
             rows, cpu_after, mem_after = rows[keeps], cpu_after[keeps], mem_after[keeps]
             res_cpu, res_mem = res_cpu[keeps], res_mem[keeps]
-        return rows, (cpu_after - res_cpu, mem_after - res_mem)
-
-    def _place_share(state: State, d: Demand, rows: I64, room: tuple[F64, F64], size: int) -> tuple[int, int]:
         deltas = cache.deltas(state, d, rows)
+        if not size:
+            return _best(deltas, rows, d)
         join = np.full(deltas.shape, np.inf)
         for node, device in packer.awaiting(size):
             at = np.searchsorted(rows, node)
@@ -367,12 +349,9 @@ def phalanx_chooser(cache: DeltaCache, packer: PooledPacker, pools: PoolTracker)
             node, device = _best(join, rows, d)
             packer.placed(node, device, size, fresh=False)
             return node, device
-        need = {
-            key: p.opening_need(size) if p.plan.knows(size) else (np.inf, np.inf) for key, p in packer.packers.items()
-        }
-        need_cpu, need_mem = (np.array([need[packer.pool_of(int(n))][i] for n in rows]) for i in (0, 1))
-        fits = (room[0] >= need_cpu) & (room[1] >= need_mem)
-        fresh = np.where((state.free[rows] == FULL_SHARE) & fits[:, None], deltas, np.inf)
+        need_cpu, need_mem = packer.opening_need(size)
+        room = (cpu_after - res_cpu >= need_cpu) & (mem_after - res_mem >= need_mem)
+        fresh = np.where((state.free[rows] == FULL_SHARE) & room[:, None], deltas, np.inf)
         if np.isfinite(fresh).any():
             node, device = _best(fresh, rows, d)
         else:
@@ -531,7 +510,7 @@ def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) ->
     if p is Policy.FGD:
         return fgd_chooser(cache), _ignore
     pools = PoolTracker.build(cluster, classes)
-    return phalanx_chooser(cache, pools.packer(classes), pools), pools.skipped
+    return phalanx_chooser(cache, Packer(PackingPlan.build(classes)), pools), pools.skipped
 
 
 def _ignore(d: Demand) -> None:

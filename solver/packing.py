@@ -33,9 +33,8 @@ Pure: no Kubernetes, no clock. Device and node keys are whatever the caller hash
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
 
 from ortools.linear_solver import pywraplp
 
@@ -284,35 +283,3 @@ class Packer:
             self._reserved.pop(node, None)
         else:
             self._reserved[node] = after
-
-
-@dataclass
-class PooledPacker:
-    """One `Packer` per GPU model pool (solver.pools), each following the plan of the share
-    classes expected on that pool, so a device opened on a T4 node awaits sizes that pods
-    allowed on T4 will bring. With one plan for the whole workload, on the openb variant with
-    33 % of GPU pods pinned to models, 331 of the 842 T4 devices held unmatched shares at
-    arrived 100 % (39 GPUs of slivers): their patterns awaited sizes only unconstrained pods
-    have, and those are kept off T4 by the pool ledger.
-
-    `pool_of` names a node's pool; nodes are the caller's keys, as for `Packer`.
-    """
-
-    packers: dict[str, Packer]
-    pool_of: Callable[[Hashable], str]
-
-    def of(self, node: Hashable) -> Packer:
-        return self.packers[self.pool_of(node)]
-
-    def knows(self, size: int) -> bool:
-        return any(p.plan.knows(size) for p in self.packers.values())
-
-    def awaiting(self, size: int) -> Iterable[tuple[Hashable, int]]:
-        """The devices that await a pod of `size`, in every pool."""
-        return chain.from_iterable(p.awaiting(size) for p in self.packers.values())
-
-    def reservations(self) -> Iterable[tuple[Hashable, float, float]]:
-        return chain.from_iterable(p.reservations() for p in self.packers.values())
-
-    def placed(self, node: Hashable, device: int, size: int, *, fresh: bool) -> None:
-        self.of(node).placed(node, device, size, fresh=fresh)
