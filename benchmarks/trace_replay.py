@@ -63,14 +63,14 @@ from extender.binder import Binder
 from extender.cache import Cache
 from extender.config import PhalanxConfig
 from extender.metrics import Metrics
-from extender.objects import DEVICES_ANNOTATION, encode_devices
+from extender.objects import DEVICES_ANNOTATION, PRODUCT_LABEL, encode_devices
 from extender.pools import Hardware
 from extender.verbs import Verbs
 from solver.frag import Demand, Policy, WorkloadClass, workload_classes
 from solver.frag_arrays import ClassTable, candidate_deltas, fgd_score, take_devices
 from solver.model import FULL_SHARE, DeviceAssignment
 from solver.packing import Packer, PackingPlan
-from solver.pools import Pool, PoolLedger, PoolPlan
+from solver.pools import ModelPool, PoolLedger, PoolPlan
 
 DATA = Path(os.environ.get("PHALANX_OPENB", "/work/shared/data/openb"))
 DEFAULT_NODES = "openb_node_list_gpu_node.csv"
@@ -237,7 +237,7 @@ class PoolTracker:
         keys = tuple(sorted(set(cluster.models)))
         pool_of = np.array([keys.index(m) for m in cluster.models], dtype=np.int64)
         pools = [
-            Pool(
+            ModelPool(
                 model=k,
                 gpu_milli=int(cluster.gpus[pool_of == i].sum()) * FULL_SHARE,
                 cpu_milli=int(cluster.cpu[pool_of == i].sum()),
@@ -397,7 +397,7 @@ def extender_chooser(cluster: Cluster) -> Chooser:
     verbs = Verbs(cache, binder, config, Metrics())
     cache.replace_nodes(
         {
-            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": model}},
+            "metadata": {"name": name, "labels": {PRODUCT_LABEL: model}},
             "status": {
                 "allocatable": {"cpu": f"{cpu}m", "memory": f"{mem}Mi", "pods": "1000", "nvidia.com/gpu": str(gpus)}
             },
@@ -425,6 +425,11 @@ def extender_chooser(cluster: Cluster) -> Chooser:
             "spec": {"containers": [{"name": "c", "resources": {"requests": requests, "limits": limits}}]},
             "status": {"phase": "Pending"},
         }
+        if d.models is not None:  # gpu_spec: as a user pins models, by required node affinity
+            term = {"matchExpressions": [{"key": PRODUCT_LABEL, "operator": "In", "values": sorted(d.models)}]}
+            obj["spec"]["affinity"] = {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            }
         binder.pods[name] = obj
         cache.pod_event("ADDED", obj)
         if n % REFRESH_EVERY == 1:

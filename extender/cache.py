@@ -329,10 +329,28 @@ class Cache:
         with self._lock:
             return [p for u in uids if (p := self._pods.get(u)) is not None]
 
-    def active_shapes(self) -> list[PodShape]:
-        """The shapes of every running or pending pod with a valid request (the workload)."""
+    def active_shapes(self) -> list[tuple[str, PodShape]]:
+        """(node, shape) of every running or pending pod with a valid request (the workload;
+        node "" while pending), the shape with the GPU models the pod may use."""
         with self._lock:
-            return [PodShape(p.requests, p.demand) for p in self._pods.values() if p.active and not p.error]
+            return [
+                (p.node, PodShape(p.requests, p.demand, gpu_models=self._models_of(p)))
+                for p in self._pods.values()
+                if p.active and not p.error
+            ]
+
+    def models_of(self, pod: PodInfo) -> frozenset[str] | None:
+        """The GPU models `pod` may use: those its node selection names (PodInfo.gpu_models)
+        and its GPU pool allows; None for any."""
+        with self._lock:
+            return self._models_of(pod)
+
+    def _models_of(self, pod: PodInfo) -> frozenset[str] | None:
+        pool = self.hardware.by_name.get(pod.pool) if pod.pool else None
+        allowed = pool.models(self._models_seen) if pool is not None else None
+        if allowed is None:
+            return pod.gpu_models
+        return allowed if pod.gpu_models is None else allowed & pod.gpu_models
 
     def counts(self) -> tuple[int, int]:
         """(nodes, pods) the cache holds."""

@@ -76,6 +76,7 @@ class PodInfo:
     scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (scheduling.k8s.io gangs)
     placement: str = ""  # nodeSelector, required affinity, tolerations and GPU pool, as canonical JSON
     pool: str = ""  # GPU pool the pod asks for ("" = none)
+    gpu_models: frozenset[str] | None = None  # GPU models its node selection allows (None: any)
     qos: str = ""  # QoS level within its pool
     owners: tuple[OwnerRef, ...] = ()
     priority: int = 0  # spec.priority: who may preempt whom
@@ -195,6 +196,7 @@ def pod_info(obj: JSON) -> PodInfo:
         scheduling_group=(spec.get("schedulingGroup") or {}).get("podGroupName") or "",
         placement=_placement(spec, pool),
         pool=pool,
+        gpu_models=selected_models(spec),
         qos=annotation(annotations, QOS_ANNOTATIONS),
         owners=owner_refs(meta),
         priority=_priority(spec.get("priority")),
@@ -249,6 +251,38 @@ def _placement(spec: JSON, pool: str) -> str:
     if pool:
         relevant["gpuPool"] = pool
     return orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS).decode() if relevant else ""
+
+
+def selected_models(spec: JSON) -> frozenset[str] | None:
+    """The GPU models (`nvidia.com/gpu.product`) a pod's nodeSelector and required node
+    affinity allow, None when they allow any. Affinity terms are ORed: a term that does not
+    name models allows any. Only `In` narrows (NotIn, Exists and the rest are left to
+    kube-scheduler's filter). Malformed fields allow any: the API server validates them, and a
+    pod this reads wrongly is only ranked, never refused, by what this returns."""
+    try:
+        models: frozenset[str] | None = None
+        selector = spec.get("nodeSelector")
+        if isinstance(selector, dict) and isinstance(selector.get(PRODUCT_LABEL), str):
+            models = frozenset({selector[PRODUCT_LABEL]})
+        required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
+        terms = required.get("nodeSelectorTerms") or []
+        if not isinstance(terms, list) or not terms:
+            return models
+        union: set[str] = set()
+        for term in terms:
+            named: frozenset[str] | None = None
+            for e in (term or {}).get("matchExpressions") or []:
+                if e.get("key") == PRODUCT_LABEL and e.get("operator") == "In":
+                    values = frozenset(v for v in e.get("values") or [] if isinstance(v, str))
+                    named = values if named is None else named & values
+            if named is None:
+                return models  # this term allows any model
+            union |= named
+        return frozenset(union) if models is None else models & union
+    except (AttributeError, TypeError):
+        return None
 
 
 def _with_init(pod: JSON, resources: dict[str, Any]) -> dict[str, Any]:

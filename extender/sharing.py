@@ -11,6 +11,15 @@ pod that leaves its node (`pod_changed`, a cache listener: those devices are re-
 their contents before the packer is next read). One rule decides whether a node has room to
 open a pattern (`room_to_open`); prioritize's tiers and bind's device order both use it.
 
+Model pools (solver pools): when some pods may only use some GPU models (a nodeSelector or
+required affinity on `nvidia.com/gpu.product`, or a GPU pool with model filters), the sweep
+also plans how each such group's demand spreads over the pools of nodes of one model, and a
+ledger says what each group still has to claim there (its plan less what it holds). A GPU pod
+*trespasses* on a pool whose free share, less what other groups still have to claim there,
+cannot take it: prioritize ranks those nodes last (`TRESPASSES`), unless every candidate
+trespasses. Binds draw the ledger and the pools' free share down between sweeps; the sweep
+rebuilds both from the cache.
+
 Locking: this module's lock is a leaf. It may be taken while the cache's lock is held (the
 listener and the chooser run there), and it is never held while calling into the cache.
 The packer's state is advisory (it orders nodes and devices, it never books capacity), so
@@ -30,11 +39,14 @@ from solver import (
     FULL_SHARE,
     DeviceAssignment,
     GpuKind,
+    ModelPool,
     Node,
     NodeState,
     Packer,
     PackingPlan,
     PodShape,
+    PoolLedger,
+    PoolPlan,
     WorkloadClass,
     demand_of,
     workload_classes,
@@ -51,6 +63,17 @@ MEMO_DRIFT = 0.05
 JOINS = 2  # a device there awaits this pod's share size
 OPENS = 1  # an idle device and room to open the size's pattern there
 EATS_RESERVATION = -1  # the pod would eat CPU or memory reserved for pods a device there awaits
+TRESPASSES = -4  # the node's model pool holds its free share for pods that can only use it
+
+
+@dataclass
+class Pools:
+    """The model pools as the last sweep saw them, drawn down by binds since."""
+
+    plan: PoolPlan
+    ledger: PoolLedger
+    pool_of: dict[str, str]  # node -> its pool (its GPUs' model); GPU nodes only
+    free: dict[str, float]  # pool -> free GPU milli
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +94,7 @@ class Sharing:
         self._packer: Packer | None = None
         self._stale: dict[str, set[int]] = {}  # node -> devices to re-adopt from their contents
         self._events = 0  # bumps on every device the packer is told of and every pod that leaves one
+        self._pools: Pools | None = None  # None while no pod is confined to some models
         cache.on_pod_change(self.pod_changed)
 
     # ------------------------------------------------------------------ workload
@@ -81,8 +105,10 @@ class Sharing:
 
     def refresh(self) -> None:
         """Recompute the target workload from the cache's pods; O(pods), run by the sweep."""
-        demands = [demand_of(s) for s in self.cache.active_shapes() if s.gpu.kind is not GpuKind.MIG]
+        active = [(node, s) for node, s in self.cache.active_shapes() if s.gpu.kind is not GpuKind.MIG]
+        demands = [demand_of(s) for _, s in active]
         workload = workload_classes(demands, multi_gpu=True) if demands else ()
+        self._refresh_pools(workload, active)
         if workload != self._workload:
             plan = PackingPlan.build(workload)  # a small LP, ~20 ms; only when the workload changed
             for attempt in range(3):
@@ -99,6 +125,41 @@ class Sharing:
                     self._packer = packer
                     break
         self.reconcile()
+
+    def _refresh_pools(self, workload: tuple[WorkloadClass, ...], active: list[tuple[str, PodShape]]) -> None:
+        """The model pools of the cache's nodes, their plan for `workload` (rebuilt only when
+        the workload or the pools changed: a small LP) and a ledger charged with what the
+        confined groups hold now."""
+        if not any(c.models is not None for c in workload if c.uses_gpu):
+            with self._lock:
+                self._pools = None
+            return
+        pool_of: dict[str, str] = {}
+        free: dict[str, float] = {}
+        sizes: dict[str, list[int]] = {}
+        for n in self.cache.snapshot().nodes:
+            devices = [d for d in n.gpus if not d.is_mig]
+            if not devices:
+                continue
+            model = devices[0].model
+            pool_of[str(n.name)] = model
+            free[model] = free.get(model, 0.0) + sum(max(0, d.free_milli) for d in devices)
+            size = sizes.setdefault(model, [0, 0, 0])
+            size[0] += FULL_SHARE * len(devices)
+            size[1] += n.allocatable.cpu_milli
+            size[2] += n.allocatable.memory_mib
+        pools = tuple(ModelPool(m, *size) for m, size in sorted(sizes.items()))
+        old = self._pools
+        plan = old.plan if old is not None and old.plan.pools == pools and self._workload == workload else None
+        if plan is None:
+            plan = PoolPlan.build(workload, pools)
+        ledger = PoolLedger(plan)
+        for node, shape in active:
+            demand = demand_of(shape)
+            if node in pool_of and demand.uses_gpu and demand.models is not None:
+                ledger.placed(demand.models, pool_of[node], demand.gpu_total)
+        with self._lock:
+            self._pools = Pools(plan, ledger, pool_of, free)
 
     def _adopt(self, plan: PackingPlan) -> Packer:
         """A packer for `plan` that knows what every device holds now."""
@@ -140,6 +201,10 @@ class Sharing:
             with self._lock:
                 self._stale.setdefault(node, set()).update(shares)
                 self._events += 1
+
+    def pools(self) -> Pools | None:
+        """The model pools (for reads outside the verbs: the read API, tests)."""
+        return self._pools
 
     def packer(self) -> Packer | None:
         """The packer, settled (for reads outside the verbs: the read API, tests)."""
@@ -193,10 +258,43 @@ class Sharing:
 
     def tiers(self, names: list[str], shape: PodShape, model_of: Callable[[str], Node | None]) -> dict[str, int]:
         """The packing plan's preference per node (absent: 0): `JOINS`, `OPENS` or
-        `EATS_RESERVATION`. Only a share pod of a planned size can rank up; any other pod can
-        only rank down, on nodes holding reservations."""
-        if self._packer is None or not self.enabled:
+        `EATS_RESERVATION`, and `TRESPASSES` above all for a GPU pod on the nodes of model
+        pools held for others. Only a share pod of a planned size can rank up; any other pod
+        can only rank down, on nodes holding reservations or in held pools."""
+        if not self.enabled:
             return {}
+        tiers = self._packing_tiers(names, shape, model_of) if self._packer is not None else {}
+        if self._pools is not None:
+            for name in self._trespassed(names, shape):
+                tiers[name] = TRESPASSES
+        return tiers
+
+    def _trespassed(self, names: list[str], shape: PodShape) -> list[str]:
+        """The nodes of `names` in pools where a GPU pod of `shape` would take share held for
+        other groups, when some candidate is in a pool where it would not (else none)."""
+        demand = demand_of(shape)
+        if not demand.uses_gpu:
+            return []
+        with self._lock:
+            pools = self._pools
+            if pools is None or not pools.plan.expected:
+                return []
+            candidates = {pools.pool_of.get(n) for n in names} - {None}
+            held = {
+                p
+                for p in candidates
+                if p is not None
+                and pools.ledger.trespasses(
+                    demand.models, p, free_milli=pools.free.get(p, 0.0), gpu_milli=demand.gpu_total
+                )
+            }
+        if not held or held == candidates:
+            return []
+        return [n for n in names if pools.pool_of.get(n) in held]
+
+    def _packing_tiers(
+        self, names: list[str], shape: PodShape, model_of: Callable[[str], Node | None]
+    ) -> dict[str, int]:
         self.settle()
         size = self.planned_size(shape)
         demand = demand_of(shape)
@@ -238,6 +336,8 @@ class Sharing:
             size = self.planned_size(shape)
             lead = self._lead(node, shape, size) if size else ()
         devices = NodeState(node).take(shape, spread=spread, workload=workload, lead=lead)
+        if devices and self._pools is not None:
+            self._pools_placed(str(node.name), shape, devices)
         if devices and size:
             index = devices[0].index
             fresh = any(d.index == index and d.is_idle for d in node.gpus)
@@ -246,6 +346,19 @@ class Sharing:
                     self._packer.placed(node.name, index, size, fresh=fresh)
                     self._events += 1
         return devices
+
+    def _pools_placed(self, node: str, shape: PodShape, devices: tuple[DeviceAssignment, ...]) -> None:
+        """A bind took `devices` of `node`: its pool's free share and the pod's group's claim
+        shrink (until the next sweep rebuilds both from the cache)."""
+        demand = demand_of(shape)
+        taken = sum(d.milli for d in devices if not d.mig_profile)
+        with self._lock:
+            pools = self._pools
+            pool = pools.pool_of.get(node) if pools is not None else None
+            if pools is None or pool is None or not taken:
+                return
+            pools.free[pool] = pools.free.get(pool, 0.0) - taken
+            pools.ledger.placed(demand.models, pool, demand.gpu_total)
 
     def _lead(self, node: Node, shape: PodShape, size: int) -> tuple[int, ...]:
         """The devices of `node` to try first for a share pod of a planned size: those

@@ -178,12 +178,11 @@ class Verbs:
         hardware = self.cache.hardware
         mode = PlacementMode(self.config.gpu.placement_mode)
         if not pod.pool:
-            return _Ask(PodShape(pod.requests, pod.demand), None, mode)
+            return _Ask(PodShape(pod.requests, pod.demand, gpu_models=pod.gpu_models), None, mode)
         pool = hardware.by_name.get(pod.pool)
         if pool is None:
             return _Ask(PodShape(pod.requests, pod.demand), None, mode, f"{UNKNOWN_POOL}: {pod.pool!r}")
-        models = self.cache.pool_models(pool)
-        return _Ask(PodShape(pod.requests, pod.demand, gpu_models=models), pool, pool.mode)
+        return _Ask(PodShape(pod.requests, pod.demand, gpu_models=self.cache.models_of(pod)), pool, pool.mode)
 
     def _check(self, memo: ShapeMemo, name: str, ask: _Ask) -> bool:
         """Check one node into the memo; False (nothing memoised) for a node the cache lacks."""

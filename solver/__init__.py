@@ -47,6 +47,7 @@ from solver.model import (
 from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode, SolverParams, UnlabeledNodes
 from solver.plan import plan
+from solver.pools import ModelPool, PoolLedger, PoolPlan
 from solver.preference import NodeState
 from solver.single import reason as unfit_reason
 from solver.single import score as node_score
@@ -68,6 +69,7 @@ __all__ = [
     "GpuKind",
     "MigSlice",
     "MigTable",
+    "ModelPool",
     "Node",
     "NodeName",
     "NodeState",
@@ -77,6 +79,8 @@ __all__ = [
     "PlacementMode",
     "PlanResult",
     "PodShape",
+    "PoolLedger",
+    "PoolPlan",
     "Resources",
     "Slice",
     "SolveStatus",

@@ -49,7 +49,7 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
-class Pool:
+class ModelPool:
     """Alike nodes taken together: their GPU model and their summed capacity."""
 
     model: str  # also the pool's key
@@ -66,12 +66,12 @@ class PoolPlan:
     """Expected GPU demand (milli) of each group on each pool it may use, for one cluster's
     worth of demand, and each group's whole demand. Empty when no class names a model."""
 
-    pools: tuple[Pool, ...] = ()
+    pools: tuple[ModelPool, ...] = ()
     expected: dict[tuple[Models, str], float] = field(default_factory=dict)
     demand: dict[Models, float] = field(default_factory=dict)
 
     @staticmethod
-    def build(classes: Sequence[WorkloadClass], pools: Sequence[Pool]) -> PoolPlan:
+    def build(classes: Sequence[WorkloadClass], pools: Sequence[ModelPool]) -> PoolPlan:
         """The LP of the module docstring over the GPU classes of `classes`."""
         gpu = [c for c in classes if c.uses_gpu]
         if not pools or not any(c.models is not None for c in gpu):
@@ -103,7 +103,7 @@ def _groups(gpu: Sequence[WorkloadClass], scale: float) -> dict[Models, _Group]:
 
 
 def _solve(
-    groups: dict[Models, _Group], pools: Sequence[Pool], *, cpu_only: float, mem_only: float
+    groups: dict[Models, _Group], pools: Sequence[ModelPool], *, cpu_only: float, mem_only: float
 ) -> dict[tuple[Models, str], float]:
     """max sum (1 + bonus_g) x[g, p] s.t. each group's demand, each pool's GPU, CPU and memory
     (CPU-only pods' CPU and memory taken from every pool in proportion to its size)."""
