@@ -34,6 +34,8 @@ class KwokSession:
     kube: RestKube
     ext_url: str  # the extender's base URL
     state: Path  # the control plane's state; the extender logs to state / "extender.log"
+    ext_pid: int = 0  # the extender process (its RSS, CPU time)
+    ready_s: float = 0.0  # extender start to /readyz 200
 
 
 @contextmanager
@@ -57,8 +59,10 @@ def kwok_session(
         if before_extender is not None:
             before_extender(kube)
         port = free_port()
+        started = time.monotonic()
         ext = start_extender(cluster.kubeconfig_path, port, state / "extender.log", extender_nice, extender_config)
-        yield KwokSession(cluster, kube, f"http://127.0.0.1:{port}", state)
+        ready = time.monotonic() - started
+        yield KwokSession(cluster, kube, f"http://127.0.0.1:{port}", state, ext.pid, ready)
     finally:
         if ext is not None:
             ext.terminate()

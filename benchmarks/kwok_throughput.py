@@ -20,18 +20,37 @@ every process waits for CPU), and in a paced round where pods arrive at a steady
                                          [--paced-rate R] [--extender-nice N]
                                          [--extender-config FILE] [--no-record]
 
-Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms.
+Both modes run the same KubeSchedulerConfiguration but for the extender entry (and the
+`percentageOfNodesToScore: 100` the extender needs, so a gang's planned node is never cut
+off), with kube-scheduler's client rate limiter lifted (QPS and burst 5,000, as
+scheduler_perf runs; deploy/local/scheduler_config.py): the extender binds through its own
+client, which has none, so a limited baseline would measure the limiter.
+
+Where each pod's time goes, per round: kube-scheduler's own metrics (scraped from its
+/metrics before it restarts: scheduling attempt, algorithm, and framework extension points,
+mean ms per scheduled pod; in Phalanx rounds the algorithm's time beyond the framework's
+filter and score is the extender calls as kube-scheduler sees them), the extender's time per
+verb split into read, decode, work, encode and write (server: first byte to reply sent), and
+the CPU seconds the extender and kube-scheduler spend per pod (this is a 2-core machine: when
+their sum nears 2 x the pod interval, the processes wait for each other's CPU).
+
+Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms, nodes, rss_mib,
+ready_s, and extender/kube-scheduler CPU ms per pod.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import ssl
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import finish, median, parser
 from benchmarks.kwok import NS, http_json, kwok_session
@@ -124,8 +143,67 @@ def rate(times: list[float], total: int) -> float:
     return (int(0.9 * total) - int(0.1 * total) - 1) / max(1e-9, hi - lo)
 
 
+# kube-scheduler histograms read per round: name -> the label filter of the series kept.
+SCHEDULER_HISTOGRAMS = (
+    "scheduler_scheduling_attempt_duration_seconds",
+    "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_framework_extension_point_duration_seconds",
+)
+ALGORITHM_POINTS = ("PreFilter", "Filter", "PostFilter", "PreScore", "Score")  # inside the algorithm
+
+
+def scheduler_means(cluster: LocalCluster, profile: str) -> dict[str, float]:
+    """Mean ms per observation of kube-scheduler's cycle histograms for `profile` (scheduled
+    pods only), scraped from its /metrics (open on loopback, deploy/local/components.py)."""
+    port = next(c.port for c in cluster.status().components if c.name == "kube-scheduler")
+    insecure = ssl.create_default_context()
+    insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10, context=insecure) as r:
+        text = r.read().decode()
+    sums: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in SCHEDULER_HISTOGRAMS:
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            if labels.get("profile", profile) != profile or labels.get("result", "scheduled") != "scheduled":
+                continue
+            if labels.get("status", "Success") != "Success":
+                continue
+            key = family.name.removeprefix("scheduler_").removesuffix("_duration_seconds")
+            if "extension_point" in labels:
+                key = labels["extension_point"]
+            acc = sums.setdefault(key, [0.0, 0.0])
+            if sample.name.endswith("_sum"):
+                acc[0] += sample.value
+            elif sample.name.endswith("_count"):
+                acc[1] += sample.value
+    return {k: 1000 * total / count for k, (total, count) in sums.items() if count}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0 if gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def one_round(
-    cluster: LocalCluster, kube: RestKube, *, mode: str, index: int, pods: int, ext_url: str
+    cluster: LocalCluster, kube: RestKube, *, mode: str, index: int, pods: int, ext_url: str, ext_pid: int
 ) -> dict[str, Any]:
     scheduler = f"bench-{mode}-{index}"
     create_pods(kube, scheduler, pods, seed=index)
@@ -133,8 +211,10 @@ def one_round(
     watch.start()
     if mode == "phalanx":
         http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
+    ext_cpu = cpu_seconds(ext_pid)
     started = time.monotonic()
     cluster.restart_scheduler(ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler])
+    sched_pid = next(c.pid for c in cluster.status().components if c.name == "kube-scheduler")
     deadline = started + max(300, pods / 5)
     while len(watch.bound) < pods and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -142,10 +222,33 @@ def one_round(
     bound = len(watch.bound)
     result: dict[str, Any] = {"mode": mode, "pods": pods, "bound": bound}
     result["pods_per_s"] = rate(list(watch.bound.values()), pods) if bound == pods else 0.0
+    result["cpu_ms_per_pod"] = {
+        "kube-scheduler": 1000 * cpu_seconds(sched_pid) / max(1, bound),  # a fresh process per round
+        "extender": 1000 * (cpu_seconds(ext_pid) - ext_cpu) / max(1, bound) if mode == "phalanx" else 0.0,
+    }
+    try:
+        result["scheduler_ms"] = scheduler_means(cluster, scheduler)
+    except (OSError, ValueError, StopIteration) as e:
+        print(f"kube-scheduler metrics not read: {e}", flush=True)
+        result["scheduler_ms"] = {}
     if mode == "phalanx":
         result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
     delete_pods(kube, scheduler)
     return result
+
+
+def breakdown(r: dict[str, Any]) -> str:
+    """One round's per-pod time, as kube-scheduler and the extender saw it."""
+    ms = r.get("scheduler_ms") or {}
+    inside = sum(ms.get(p, 0.0) for p in ALGORITHM_POINTS)
+    parts = [f"attempt {ms.get('scheduling_attempt', float('nan')):.2f}"]
+    parts.append(f"algorithm {ms.get('scheduling_algorithm', float('nan')):.2f}")
+    parts += [f"{p} {ms[p]:.2f}" for p in (*ALGORITHM_POINTS, "Reserve", "Permit", "PreBind", "Bind") if p in ms]
+    if r["mode"] == "phalanx" and "scheduling_algorithm" in ms:
+        parts.append(f"extender calls (algorithm - framework) {ms['scheduling_algorithm'] - inside:.2f}")
+    cpu = r["cpu_ms_per_pod"]
+    parts.append(f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender {cpu['extender']:.2f}")
+    return f"round {r['mode']:8} mean ms per pod: " + ", ".join(parts)
 
 
 def paced_round(
@@ -200,13 +303,16 @@ def main() -> None:
         cluster, kube, ext_url = session.cluster, session.kube, session.ext_url
         for i in range(rounds):
             for mode in ("vanilla", "phalanx"):
-                r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url)
+                r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url, ext_pid=session.ext_pid)
                 print(f"round {i} {mode:8} bound {r['bound']}/{pods}  {r['pods_per_s']:.1f} pods/s", flush=True)
+                print(breakdown(r), flush=True)
                 results.append(r)
         paced = paced_round(
             cluster, kube, rate_per_s=args.paced_rate, seconds=10 if args.quick else 30, ext_url=ext_url
         )
         print(f"paced    bound {paced['bound']}/{paced['pods']} at {args.paced_rate:g} pods/s", flush=True)
+        rss = rss_mib(session.ext_pid)
+        ready_s = session.ready_s
         with urllib.request.urlopen(f"{ext_url}/metrics", timeout=10) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith("phalanx_extender_outcomes_total") and 'verb="bind"' in line:
@@ -233,6 +339,7 @@ def main() -> None:
         f"round {i // 2} {r['mode']:8} {r['pods_per_s']:8.1f} pods/s ({r['bound']}/{pods} bound)"
         for i, r in enumerate(results)
     ]
+    lines += [breakdown(r) for r in results]
     lines += [
         f"extender at saturation {verb:10} p50 {s['p50_ms']:.2f} ms  p99 {s['p99_ms']:.2f} ms  ({s['count']} calls)"
         for verb, s in sorted(latency.items())
@@ -251,12 +358,25 @@ def main() -> None:
         "paced_pods_per_s": paced["rate"],
         "nodes": nodes,
         "pods": pods,
+        "rss_mib": round(rss, 1),
+        "ready_s": round(ready_s, 2),
+        "extender_cpu_ms_per_pod": round(
+            median([r["cpu_ms_per_pod"]["extender"] for r in results if r["mode"] == "phalanx"]), 3
+        ),
+        "scheduler_cpu_ms_per_pod": {
+            mode: round(median([r["cpu_ms_per_pod"]["kube-scheduler"] for r in results if r["mode"] == mode]), 3)
+            for mode in ("vanilla", "phalanx")
+        },
     }
+    lines.append(f"extender RSS {rss:.0f} MiB at the end, ready {ready_s:.1f} s after start")
+    kept = ("read", "decode", "work", "encode", "write")  # phases: in the printed lines only
     for verb, s in paced["latency"].items():
-        headline[f"{verb}_p50_ms"] = round(s["p50_ms"], 3)
-        headline[f"{verb}_p99_ms"] = round(s["p99_ms"], 3)
+        if not verb.endswith(kept):
+            headline[f"{verb}_p50_ms"] = round(s["p50_ms"], 3)
+            headline[f"{verb}_p99_ms"] = round(s["p99_ms"], 3)
     for verb, s in latency.items():
-        headline[f"{verb}_p99_saturated_ms"] = round(s["p99_ms"], 3)
+        if not verb.endswith(kept):
+            headline[f"{verb}_p99_saturated_ms"] = round(s["p99_ms"], 3)
     finish("kwok_throughput", args, lines, headline)
 
 

@@ -41,6 +41,14 @@ class Metrics:
             "Background threads (event and status writers) that have stopped; above 0 readiness fails.",
             registry=self.registry,
         )
+        self.phases = Histogram(
+            "phalanx_extender_request_phase_seconds",
+            "Extender verb calls split by phase: read (first byte to body read), decode (JSON), "
+            "work (the verb), encode (JSON), write (reply sent), server (first byte to reply sent).",
+            ["verb", "phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.solve_seconds = Histogram(
             "phalanx_solver_seconds", "Solver time per plan.", buckets=LATENCY_BUCKETS, registry=self.registry
         )
@@ -52,6 +60,14 @@ class Metrics:
         self.latency.labels(verb).observe(seconds)
         with self._lock:
             self._samples.setdefault(verb, deque(maxlen=100_000)).append(seconds)
+
+    def observe_phases(self, verb: str, phases: dict[str, float]) -> None:
+        """One verb call's phases (seconds); /api/v1/stats lists them as `verb.phase`."""
+        with self._lock:
+            for phase, seconds in phases.items():
+                self._samples.setdefault(f"{verb}.{phase}", deque(maxlen=100_000)).append(seconds)
+        for phase, seconds in phases.items():
+            self.phases.labels(verb, phase).observe(seconds)
 
     def percentiles(self) -> dict[str, dict[str, float]]:
         """Per verb: count, p50 and p99 in ms over the recent calls (nearest rank)."""

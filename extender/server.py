@@ -86,6 +86,8 @@ class Reply:
     status: int
     body: bytes
     content_type: str = "application/json"
+    verb: str = ""  # a scheduler verb's reply: its phases are timed (Metrics.observe_phases)
+    phases: dict[str, float] | None = None  # decode, work, encode (seconds)
 
     @staticmethod
     def json(status: int, body: Any) -> Reply:
@@ -209,16 +211,20 @@ class Server(ThreadingHTTPServer):
 
     def _verb(self, name: str, verb: Verb) -> Handler:
         def handle(method: str, path: str, body: bytes) -> Reply:
-            started = time.perf_counter()
-            status, reply = self._call(name, verb, body)
+            clock = [time.perf_counter()]  # started, decoded, worked
+            status, reply = self._call(name, verb, body, clock)
             data = orjson.dumps(reply)
+            done = time.perf_counter()
             # Recorded before the reply leaves, so a client that reads /metrics next sees this call.
-            self.metrics.observe(name, time.perf_counter() - started)
-            return Reply(status, data)
+            self.metrics.observe(name, done - clock[0])
+            phases = None
+            if len(clock) == 3:
+                phases = {"decode": clock[1] - clock[0], "work": clock[2] - clock[1], "encode": done - clock[2]}
+            return Reply(status, data, verb=name, phases=phases)
 
         return handle
 
-    def _call(self, name: str, verb: Verb, body: bytes) -> tuple[int, Any]:
+    def _call(self, name: str, verb: Verb, body: bytes, clock: list[float]) -> tuple[int, Any]:
         try:
             if not body:
                 raise BadRequest(f"{name}: body missing")
@@ -228,7 +234,10 @@ class Server(ThreadingHTTPServer):
                 raise BadRequest(f"{name}: body is not JSON: {e}") from None
             if not isinstance(args, dict):
                 raise BadRequest(f"{name}: body must be a JSON object")
-            return 200, verb(args)
+            clock.append(time.perf_counter())
+            result = verb(args)
+            clock.append(time.perf_counter())
+            return 200, result
         except NotReady as e:
             self.metrics.errors.labels(name, "not-ready").inc()
             return 503, {"Error": str(e)}
@@ -316,6 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.reader = _DeadlineReader(self.connection, self.server.limits.idle_timeout_s)
         self.buffered = io.BufferedReader(self.reader, 64 * 2**10)
         self.rfile = self.buffered
+        self.first_byte = 0.0  # perf_counter when the current request's first byte arrived
         self.server.track(self.connection, open_=True)
 
     def finish(self) -> None:
@@ -334,6 +344,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self.reader.deadline = time.monotonic() + self.server.limits.read_timeout_s
+        self.first_byte = time.perf_counter()
         super().handle_one_request()
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
@@ -387,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(HTTPStatus.BAD_REQUEST, f"body ended after {len(body)} of {length} bytes")
             return
         self.reader.deadline = None  # read: the handler may take its time (bind waits at the gate)
+        read = time.perf_counter()
         if route is None:
             self._send(self._no_route(method, path))
             return
@@ -397,7 +409,13 @@ class _Handler(BaseHTTPRequestHandler):
             if denied is not None:
                 self._send(Reply.json(denied.status, {"Error": denied.message}))
                 return
-        self._send(route.handler(method, rest, body))
+        reply = route.handler(method, rest, body)
+        sending = time.perf_counter()
+        self._send(reply)
+        if reply.phases is not None:
+            sent = time.perf_counter()
+            phases = {"read": read - self.first_byte, **reply.phases, "write": sent - sending}
+            self.server.metrics.observe_phases(reply.verb, {**phases, "server": sent - self.first_byte})
 
     def _authorize(self, access: Access) -> Denied | None:
         authorizer = self.server.authorizer

@@ -459,3 +459,19 @@ def test_an_authorizer_that_fails_refuses_the_write_and_the_server_lives_on(monk
         got, text = request(ext.server, "DELETE", "/api/v1/stats", None)
         assert got == 503 and "cannot verify credentials" in text
         assert healthy(ext.server)
+
+
+def test_verb_calls_are_timed_by_phase(server: Server) -> None:
+    """/api/v1/stats splits each verb call into read, decode, work, encode and write, and the
+    whole (server: first byte to reply sent) covers the parts; a refused body is not timed."""
+    assert request(server, "DELETE", "/api/v1/stats")[0] == 200
+    body = json.dumps({"Pod": pod("p", gpus=1, uid="u1"), "NodeNames": ["n0", "n1"]}).encode()
+    for _ in range(3):
+        assert request(server, "POST", "/filter", body)[0] == 200
+    assert request(server, "POST", "/filter", b"not json")[0] == 400
+    stats = json.loads(request(server, "GET", "/api/v1/stats")[1])["latency"]
+    phases = ("read", "decode", "work", "encode", "write", "server")
+    assert all(stats[f"filter.{p}"]["count"] == 3 for p in phases)
+    assert stats["filter"]["count"] == 4  # the refused call is still a call
+    parts = sum(stats[f"filter.{p}"]["p50_ms"] for p in phases[:-1])
+    assert 0 < stats["filter.server"]["p50_ms"] and parts > 0
