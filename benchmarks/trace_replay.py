@@ -384,12 +384,14 @@ class _ReplayBinder(Binder):
 REFRESH_EVERY = 200  # pods between target-workload refreshes (a live extender: every 10 s)
 
 
-def extender_chooser(cluster: Cluster) -> Chooser:
+def extender_chooser(cluster: Cluster) -> tuple[Chooser, Skipped]:
     """Phalanx's policy as deployed: each pod goes through the extender's own filter,
     prioritize and bind (extender/verbs.py, default config) in-process, over a cache fed with
     the same events a watch would deliver; the target workload is what the extender sees (the
-    pods placed so far, refreshed every REFRESH_EVERY pods), not the whole pod list. The node
-    is the best score (kube-scheduler's other plugins left out), ties to the first name."""
+    pods so far, refreshed every REFRESH_EVERY pods), not the whole pod list. The node is the
+    best score (kube-scheduler's other plugins left out), ties to the first name. A pod that
+    fits nowhere stays in the cache as Pending, as it would in a cluster: its kind still counts
+    in the workload the extender estimates."""
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no per-pod logs
     config = PhalanxConfig()
     cache = Cache(config.topology.levels, Hardware(config.gpu))
@@ -408,7 +410,8 @@ def extender_chooser(cluster: Cluster) -> Chooser:
     )
     count = [0]
 
-    def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+    def arrive(d: Demand) -> tuple[str, dict[str, Any]]:
+        """The pod as created: in the cache (the watch saw it), Pending."""
         n = count[0] = count[0] + 1
         name = f"p{n}"
         annotations = {"gpu-fraction": f"{d.gpu_milli / FULL_SHARE}"} if d.is_share else {}
@@ -434,6 +437,10 @@ def extender_chooser(cluster: Cluster) -> Chooser:
         cache.pod_event("ADDED", obj)
         if n % REFRESH_EVERY == 1:
             verbs.sharing.refresh()
+        return name, obj
+
+    def choose(state: State, d: Demand, rows: I64, rng: np.random.Generator) -> tuple[int, int]:
+        name, obj = arrive(d)
         names = [cluster.names[i] for i in rows]  # rows: what kube-scheduler's own filters pass
         passed = verbs.filter({"Pod": obj, "NodeNames": names})["NodeNames"]
         reply = orjson.loads(orjson.dumps(verbs.prioritize({"Pod": obj, "NodeNames": passed})))
@@ -445,7 +452,10 @@ def extender_chooser(cluster: Cluster) -> Chooser:
         node = cluster.index[best]
         return node, binder.devices[0].index if d.is_share else -1
 
-    return choose
+    def skipped(d: Demand) -> None:
+        arrive(d)
+
+    return choose, skipped
 
 
 @dataclass(frozen=True)
@@ -504,7 +514,7 @@ def replay(
 def _chooser(policy: str, cluster: Cluster, classes: Sequence[WorkloadClass]) -> tuple[Chooser, Skipped]:
     """The policy's chooser, and what it is told of pods that fit nowhere."""
     if policy == "extender":
-        return extender_chooser(cluster), _ignore
+        return extender_chooser(cluster)
     if policy == "random":
         return choose_random, _ignore
     if policy == "bestfit":
