@@ -245,7 +245,12 @@ def breakdown(r: dict[str, Any]) -> str:
     parts.append(f"algorithm {ms.get('scheduling_algorithm', float('nan')):.2f}")
     parts += [f"{p} {ms[p]:.2f}" for p in (*ALGORITHM_POINTS, "Reserve", "Permit", "PreBind", "Bind") if p in ms]
     if r["mode"] == "phalanx" and "scheduling_algorithm" in ms:
-        parts.append(f"extender calls (algorithm - framework) {ms['scheduling_algorithm'] - inside:.2f}")
+        calls = ms["scheduling_algorithm"] - inside
+        latency = r.get("latency") or {}
+        served = sum(latency.get(f"{v}.server", {}).get("mean_ms", 0.0) for v in ("filter", "prioritize"))
+        parts.append(f"extender calls (algorithm - framework) {calls:.2f}")
+        parts.append(f"of which in the extender's server {served:.2f} (filter + prioritize, mean)")
+        parts.append(f"outside it (client, transfer, kube-scheduler's encoding) {calls - served:.2f}")
     cpu = r["cpu_ms_per_pod"]
     parts.append(f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender {cpu['extender']:.2f}")
     return f"round {r['mode']:8} mean ms per pod: " + ", ".join(parts)

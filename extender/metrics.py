@@ -70,13 +70,14 @@ class Metrics:
             self.phases.labels(verb, phase).observe(seconds)
 
     def percentiles(self) -> dict[str, dict[str, float]]:
-        """Per verb: count, p50 and p99 in ms over the recent calls (nearest rank)."""
+        """Per verb: count, mean, p50 and p99 in ms over the recent calls (nearest rank)."""
         out = {}
         with self._lock:
             snapshot = {verb: sorted(values) for verb, values in self._samples.items()}
         for verb, values in snapshot.items():
             out[verb] = {
                 "count": len(values),
+                "mean_ms": sum(values) / len(values) * 1000,
                 "p50_ms": _nearest_rank(values, 0.50) * 1000,
                 "p99_ms": _nearest_rank(values, 0.99) * 1000,
             }
