@@ -68,7 +68,8 @@ TRESPASSES = -4  # the node's model pool holds its free share for pods that can 
 
 @dataclass
 class Pools:
-    """The model pools as the last sweep saw them, drawn down by binds since."""
+    """The model pools as the last sweep saw them, drawn down by binds since. Advisory, as
+    the packer: a bind racing the sweep may be missed until the next sweep rebuilds them."""
 
     plan: PoolPlan
     ledger: PoolLedger
