@@ -36,10 +36,16 @@ their sum nears 2 x the pod interval, the processes wait for each other's CPU).
 
 Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms, nodes, rss_mib,
 ready_s, and extender/kube-scheduler CPU ms per pod.
+
+`--memory` measures the extender at scale instead: N nodes (default 5,000) and M pods
+(default 50,000) already bound before it starts, 7 in 10 holding a whole GPU with its device
+record; the extender's RSS once ready and its time from start to ready (both lists read, the
+cache built). Headline keys: nodes, pods, rss_mib, ready_s.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
 import ssl
@@ -56,6 +62,8 @@ from benchmarks.common import finish, median, parser
 from benchmarks.kwok import NS, http_json, kwok_session
 from deploy.local.cluster import LocalCluster
 from extender.kube import RestKube
+from extender.objects import DEVICES_ANNOTATION, encode_devices
+from solver import FULL_SHARE, DeviceAssignment
 
 
 def pod_body(name: str, scheduler: str, gpu: bool) -> dict[str, Any]:
@@ -282,6 +290,69 @@ def paced_round(
     return {"pods": total, "bound": len(watch.bound), "rate": rate_per_s, "latency": latency}
 
 
+def create_bound_pods(kube: RestKube, count: int) -> None:
+    """`count` pods already bound round-robin over the nodes (KWOK runs them), 7 in 10 holding
+    one whole GPU with its device record, as Phalanx's bind writes it (never more than the
+    node's 8 GPUs, so every record is valid)."""
+    listing = kube.request("GET", "/api/v1/nodes").body["items"]
+    nodes = sorted(n["metadata"]["name"] for n in listing)
+
+    def body(i: int) -> dict[str, Any]:
+        node, slot = nodes[i % len(nodes)], i // len(nodes)  # slot: the pod's place on its node
+        index = (slot // 10) * 7 + slot % 10  # its GPU: 7 of every 10 slots hold one
+        gpu = slot % 10 < 7 and index < 8
+        obj = pod_body(f"mem-{i:06d}", "default-scheduler", gpu)
+        obj["metadata"]["labels"] = {"bench": "memory"}
+        obj["spec"]["nodeName"] = node
+        if gpu:
+            obj["metadata"]["annotations"] = {
+                DEVICES_ANNOTATION: encode_devices((DeviceAssignment(index, FULL_SHARE, 0),))
+            }
+        return obj
+
+    def post(i: int) -> None:
+        r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body(i))
+        if r.status not in (201, 409):
+            raise RuntimeError(f"create pod: HTTP {r.status}: {r.body}")
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(post, range(count)))
+
+
+def memory(args: argparse.Namespace) -> None:
+    nodes = args.nodes or (1000 if args.quick else 5000)
+    pods = args.pods or (10_000 if args.quick else 50_000)
+    started = time.monotonic()
+
+    def fill(kube: RestKube) -> None:
+        create_bound_pods(kube, pods)
+        print(f"{pods} bound pods created in {time.monotonic() - started:.0f} s", flush=True)
+
+    with kwok_session("bench-memory", nodes, before_extender=fill) as session:
+        ready_s = session.ready_s
+        time.sleep(5)  # settled: the sweep and the first refresh have run (RSS is not a condition to wait on)
+        rss = rss_mib(session.ext_pid)
+        with urllib.request.urlopen(f"{session.ext_url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    cached = {
+        sample.labels.get("kind", ""): int(sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "phalanx_cache_objects"
+        for sample in family.samples
+    }
+    lines = [
+        f"{nodes} KWOK nodes (8 GPUs each), {pods} pods bound before the extender starts "
+        "(70 % holding a whole GPU with its device record)",
+        f"extender ready {ready_s:.2f} s after start; RSS {rss:.0f} MiB 5 s after ready; cache holds {cached}",
+    ]
+    finish(
+        "kwok_throughput --memory",
+        args,
+        lines,
+        {"nodes": nodes, "pods": pods, "rss_mib": round(rss, 1), "ready_s": round(ready_s, 2)},
+    )
+
+
 def main() -> None:
     ap = parser(__doc__, quick="200 nodes, 400 pods, one round per mode")
     ap.add_argument("--nodes", type=int)
@@ -297,7 +368,11 @@ def main() -> None:
         "--extender-config", type=Path, help="extender config file (A/B, e.g. gpu.fragmentationScoring: false)"
     )
     ap.add_argument("--paced-rate", type=float, default=30.0, help="pods/s of the steady-load latency round")
+    ap.add_argument("--memory", action="store_true", help="RSS and start-up with many bound pods (see above)")
     args = ap.parse_args()
+    if args.memory:
+        memory(args)
+        return
     nodes = args.nodes or (200 if args.quick else 1000)
     pods = args.pods or (400 if args.quick else 2000)
     rounds = args.rounds or (1 if args.quick else 2)

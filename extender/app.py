@@ -44,7 +44,7 @@ from extender.gangs.sources import (
 )
 from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
-from extender.objects import PodInfo
+from extender.objects import PodInfo, pod_info
 from extender.pools import Hardware
 from extender.read_api import ReadApi
 from extender.ri.model import GVK
@@ -109,7 +109,12 @@ class Extender:
                 kube, "/api/v1/nodes", on_list=self.cache.replace_nodes, on_event=self.cache.node_event, name="nodes"
             ),
             Reflector(
-                kube, "/api/v1/pods", on_list=self.cache.replace_pods, on_event=self.cache.pod_event, name="pods"
+                kube,
+                "/api/v1/pods",
+                on_list=self.cache.replace_pod_infos,
+                on_event=self.cache.pod_event,
+                name="pods",
+                prepare=pod_info,
             ),
         ]
         self.definition_reflectors = [

@@ -148,7 +148,12 @@ class Cache:
                 self._set_raw_node(obj)
 
     def replace_pods(self, items: Iterable[JSON]) -> None:
-        fresh = {p.uid: p for p in map(pod_info, items)}  # parsed outside the lock
+        self.replace_pod_infos(map(pod_info, items))
+
+    def replace_pod_infos(self, infos: Iterable[PodInfo]) -> None:
+        """The pods of a list (parsed by the reflector page by page, outside the lock: the raw
+        list is never held whole)."""
+        fresh = {p.uid: p for p in infos}
         with self._lock:
             for uid in set(self._pods) - set(fresh):
                 self._drop_pod(uid)
@@ -177,7 +182,7 @@ class Cache:
             for report in self._invalid_node:
                 report(obj, f"{type(e).__name__}: {e}"[:512])
             return
-        self._raw_nodes[info.name] = obj
+        self._raw_nodes[info.name] = _what_nodes_need(obj)
         if self._nodes.get(info.name) == info:
             return
         self._nodes[info.name] = info
@@ -513,3 +518,15 @@ def _infer_devices(node: Node, pods: list[PodInfo]) -> Node:
 
 
 __all__ = ["Assumed", "Cache", "Changes", "Counted", "NodeName"]
+
+
+def _what_nodes_need(obj: JSON) -> JSON:
+    """The parts of a Node that node_info reads (kept to re-derive it when the levels or the
+    GPU configuration change); managedFields, images, conditions and the rest are dropped:
+    at 5,000 nodes they are most of the memory the raw objects hold."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in ("name", "labels", "annotations") if k in meta},
+        "spec": {k: spec[k] for k in ("taints", "unschedulable") if k in spec},
+        "status": {"allocatable": status.get("allocatable") or {}},
+    }

@@ -23,7 +23,7 @@ from extender.kube import JSON, ApiError, Expired, Kube, check
 
 log = structlog.get_logger("phalanx.watch")
 
-OnList = Callable[[list[JSON]], None]
+OnList = Callable[[list[Any]], None]  # the listed items, or what `prepare` made of them
 OnEvent = Callable[[str, JSON], None]
 
 BACKOFF_S = 0.5  # first retry after a failure
@@ -49,6 +49,7 @@ class Reflector:
         selector: dict[str, str] | None = None,
         optional: bool = False,
         alternatives: tuple[str, ...] = (),
+        prepare: Callable[[JSON], Any] | None = None,
     ) -> None:
         self.optional = optional  # an API that may not be served (yet): poll quietly for it
         self.kube = kube
@@ -58,6 +59,9 @@ class Reflector:
         self.paths = (path, *alternatives)
         self._current = 0
         self.selector = selector or {}
+        # Applied to each listed item as its page arrives (on_list then gets what it returns):
+        # the pods' reflector parses them there, so 50,000 raw pods are never held at once.
+        self.prepare = prepare
         self.on_list = on_list
         self.on_event = on_event
         self.name = name
@@ -119,7 +123,7 @@ class Reflector:
         return min(backoff * 2, MAX_BACKOFF_S)
 
     def list(self) -> None:
-        items: list[JSON] = []
+        items: list[Any] = []
         cont = ""
         while True:
             query = {"limit": str(self.page), **self.selector}
@@ -134,8 +138,9 @@ class Reflector:
                 if isinstance(item, dict) and api_version and "apiVersion" not in item:
                     item["apiVersion"] = api_version
                     item.setdefault("kind", kind)
-            items.extend(page_items)
+            items.extend(page_items if self.prepare is None else map(self.prepare, page_items))
             meta = body.get("metadata") or {}
+            del body, page_items  # this page's raw objects can go before the next is read
             cont = meta.get("continue") or ""
             if not cont:
                 self.resource_version = meta.get("resourceVersion", "")

@@ -101,6 +101,31 @@ def test_new_topology_levels_re_derive_paths() -> None:
     assert cache.node_model("n0").topology == ("b0-r0",)  # type: ignore[union-attr]
 
 
+def test_kept_nodes_hold_only_what_re_deriving_them_needs() -> None:
+    """managedFields, conditions and images are most of a Node's memory at 5,000 nodes: the
+    copy kept for re-deriving is cut to what node_info reads, and re-deriving from it gives
+    the same node (taints, cordon, devices, pool annotations and all)."""
+    full = node("n0", gpus=4, labels={"pool": "a"})
+    full["metadata"]["managedFields"] = [{"manager": "kwok", "fieldsV1": {"f:status": {}}}]
+    full["spec"] = {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}], "unschedulable": True}
+    full["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    full["status"]["images"] = [{"names": ["x"], "sizeBytes": 1}]
+    cache = cache_with(full)
+    before = cache.node_model("n0")
+    kept = cache._raw_nodes["n0"]
+    assert "managedFields" not in kept["metadata"] and set(kept["status"]) == {"allocatable"}
+    cache.configure(LEVELS, Hardware(GpuConfig(defaultMemoryMiB=40960)))  # re-derived from the kept copy
+    after = cache.node_model("n0")
+    assert before is not None and after is not None
+    assert (after.taints, after.unschedulable, after.labels, after.topology) == (
+        before.taints,
+        before.unschedulable,
+        before.labels,
+        before.topology,
+    )
+    assert [d.index for d in after.gpus] == [0, 1, 2, 3]
+
+
 def test_a_pod_bound_elsewhere_than_assumed_stops_counting_on_the_assumed_node() -> None:
     cache = cache_with(node("n0", gpus=1), node("n1", gpus=1))
     cache.pod_event("ADDED", pod("p", gpus=1))

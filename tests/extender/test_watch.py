@@ -95,3 +95,29 @@ def test_a_watch_that_ran_healthily_starts_the_next_backoff_afresh(monkeypatch: 
     reflector._retry(OSError("EOF"), backoff, started=clock[0] - watch.HEALTHY_S)
     assert waits[-1] <= watch.BACKOFF_S * 1.2
     assert max(waits) <= watch.MAX_BACKOFF_S * 1.2
+
+
+def test_listed_items_are_prepared_page_by_page() -> None:
+    """A reflector with `prepare` hands on_list what it made of each item (the pods' reflector
+    parses pods as their page arrives, so no raw list is held whole)."""
+    kube = FakeKube()
+    path = "/api/v1/things"
+    kube.lists[path] = [[{"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}]]
+    kube.streams[path] = [[]]
+    lists: list[list[str]] = []
+    done = threading.Event()
+
+    def on_list(items: list[str]) -> None:
+        lists.append(items)
+        done.set()
+
+    reflector = Reflector(
+        kube,
+        path,
+        on_list=on_list,
+        on_event=lambda k, o: None,
+        name="things",
+        prepare=lambda obj: obj["metadata"]["name"].upper(),
+    )
+    run_until(reflector, done)
+    assert lists[0] == ["A", "B"]
