@@ -106,13 +106,25 @@ class RestKube:
         return Response(r.status, _decode(r.data))
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
-        """Watch events, one decoded JSON object per line, until the server closes."""
+        """Watch events, one decoded JSON object per line, until the server closes.
+
+        The response's headers must come within HEADERS_S (kube-apiserver sends them as the
+        watch starts; one that accepted the request while restarting may never answer, and a
+        reflector waiting out the stream's idle timeout would see nothing for minutes); the
+        body may then idle up to the watch's own timeout plus 30 s. No urllib3 retries: the
+        reflector retries, with its backoff and its log line."""
         url = f"{self.host}{path}?{urlencode(query)}"
-        timeout = urllib3.Timeout(connect=5, read=float(query.get("timeoutSeconds", "300")) + 30)
+        idle = float(query.get("timeoutSeconds", "300")) + 30
+        timeout = urllib3.Timeout(connect=5, read=min(HEADERS_S, idle))
         try:
-            r = self.pool.request("GET", url, headers=self.headers, preload_content=False, timeout=timeout)
+            r = self.pool.request(
+                "GET", url, headers=self.headers, preload_content=False, timeout=timeout, retries=False
+            )
         except urllib3.exceptions.HTTPError as e:
             raise Unreachable(f"watch {path}: {e}") from e
+        sock = _socket_of(r)
+        if sock is not None:
+            sock.settimeout(idle)  # headers are in: the body may idle as long as the watch lasts
         try:
             if r.status == 410:
                 raise Expired(path)
@@ -123,6 +135,21 @@ class RestKube:
             raise Unreachable(f"watch {path}: {e}") from e
         finally:
             r.release_conn()
+
+
+HEADERS_S = 30.0  # a watch's response headers must come within this
+
+
+def _socket_of(r: urllib3.BaseHTTPResponse) -> Any:
+    """The socket a streamed response reads from: the connection's, or (once http.client has
+    handed it to the response, e.g. for `Connection: close`) the response file's. None if
+    neither is reachable; the body then keeps the header wait as its idle timeout (tested:
+    tests/extender/test_kube_stream.py)."""
+    sock = getattr(getattr(r, "connection", None), "sock", None)
+    if sock is None:
+        raw = getattr(getattr(getattr(r, "_fp", None), "fp", None), "raw", None)
+        sock = getattr(raw, "_sock", None)
+    return sock
 
 
 def _lines(r: urllib3.BaseHTTPResponse) -> Iterator[JSON]:
