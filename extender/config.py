@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
+from extender.scoring import sample_size
 from solver import PlacementMode, SolverParams, UnlabeledNodes
 
 CONFIGMAP_NAME = "phalanx-config"
@@ -384,10 +385,31 @@ class ServerConfig(_Strict):
     )
 
 
+class FilterConfig(_Strict):
+    sample_nodes: Literal["auto", "all"] | Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        "auto",
+        alias="sampleNodes",
+        description="How many of the nodes that pass filter go on to scoring, the ones Phalanx ranks best "
+        "(kube-scheduler runs with percentageOfNodesToScore 100 so a gang's planned node is never cut off, "
+        "and would score every node). auto: as many as kube-scheduler's own default would score (all below "
+        "100 nodes, 420 of 1,000, 500 of 5,000); all: no cut; N: at most N. Pods with preferences "
+        "kube-scheduler scores (preferred node or pod affinity, ScheduleAnyway spread) keep every node.",
+    )
+
+    def size(self, nodes: int) -> int:
+        """The cut for a cluster of `nodes` nodes (no cut: `nodes`)."""
+        if self.sample_nodes == "all":
+            return nodes
+        if self.sample_nodes == "auto":
+            return sample_size(nodes)
+        return self.sample_nodes
+
+
 class PhalanxConfig(_Strict):
     topology: TopologyConfig = TopologyConfig()
     solver: SolverConfig = SolverConfig()
     gpu: GpuConfig = GpuConfig()
+    filter: FilterConfig = FilterConfig()
     server: ServerConfig = ServerConfig()
 
     def solver_params(self) -> SolverParams:

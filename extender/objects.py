@@ -80,6 +80,7 @@ class PodInfo:
     qos: str = ""  # QoS level within its pool
     owners: tuple[OwnerRef, ...] = ()
     priority: int = 0  # spec.priority: who may preempt whom
+    prefers: bool = False  # states preferences kube-scheduler scores (filter's sample keeps every node)
     device_error: str = ""  # why the device record is not trusted ("" if absent or valid)
     resource_version: str = field(default="", compare=False)  # as the object was read
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
@@ -200,6 +201,7 @@ def pod_info(obj: JSON) -> PodInfo:
         qos=annotation(annotations, QOS_ANNOTATIONS),
         owners=owner_refs(meta),
         priority=_priority(spec.get("priority")),
+        prefers=scored_preferences(spec),
         obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
     )
 
@@ -251,6 +253,22 @@ def _placement(spec: JSON, pool: str) -> str:
     if pool:
         relevant["gpuPool"] = pool
     return orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS).decode() if relevant else ""
+
+
+def scored_preferences(spec: JSON) -> bool:
+    """Whether the pod states preferences kube-scheduler's Score plugins weigh: preferred node
+    or pod (anti-)affinity, or topology spread that may be broken (ScheduleAnyway). Filter
+    leaves such a pod every node, not the sample Phalanx ranks best (extender/verbs.py)."""
+    affinity = spec.get("affinity")
+    if isinstance(affinity, dict):
+        for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity"):
+            terms = affinity.get(kind)
+            if isinstance(terms, dict) and terms.get("preferredDuringSchedulingIgnoredDuringExecution"):
+                return True
+    spread = spec.get("topologySpreadConstraints")
+    return isinstance(spread, list) and any(
+        isinstance(c, dict) and c.get("whenUnsatisfiable") == "ScheduleAnyway" for c in spread
+    )
 
 
 def selected_models(spec: JSON) -> frozenset[str] | None:

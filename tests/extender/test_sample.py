@@ -1,0 +1,117 @@
+"""Filter's sample: the passing nodes cut to what kube-scheduler would score by default, the
+ones Phalanx ranks best kept (extender/verbs.py `_sample`, extender/scoring.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from extender.app import Extender
+from extender.config import parse
+from extender.objects import DEVICES_ANNOTATION, encode_devices, scored_preferences
+from extender.scoring import best, sample_size
+from solver.model import DeviceAssignment
+from tests.extender.fakes import extender_on, leader, node, pod, scores
+
+JSON = dict[str, Any]
+NODES = [f"n{i:03d}" for i in range(300)]
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "want"),
+    [(0, 0), (99, 99), (100, 100), (200, 100), (1000, 420), (5000, 500), (10_000, 500), (20_000, 1000)],
+)
+def test_sample_size_is_kube_schedulers_default(nodes: int, want: int) -> None:
+    """numFeasibleNodesToFind with percentageOfNodesToScore unset (kube-scheduler v1.37)."""
+    assert sample_size(nodes) == want
+
+
+def test_best_keeps_the_highest_and_the_first_of_equals_in_order() -> None:
+    names = ["a", "b", "c", "d", "e"]
+    assert best(names, {"d": 3, "b": 1, "e": 1}, 2) == ["b", "d"]  # d, then the first of b and e
+    assert best(names, {"e": 2}, 3) == ["a", "b", "e"]  # unscored count as 0
+    assert best(names, {}, 9) == names
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "want"),
+    [
+        ("nothing stated", {}, False),
+        ("required node affinity is a filter, not a score", {"affinity": {"nodeAffinity": {"x": 1}}}, False),
+        ("preferred node affinity", {"affinity": {"nodeAffinity": {PREFERRED: [{"weight": 1}]}}}, True),
+        ("preferred pod anti-affinity", {"affinity": {"podAntiAffinity": {PREFERRED: [{"weight": 1}]}}}, True),
+        ("spread that may be broken", {"topologySpreadConstraints": [{"whenUnsatisfiable": "ScheduleAnyway"}]}, True),
+        ("hard spread is a filter", {"topologySpreadConstraints": [{"whenUnsatisfiable": "DoNotSchedule"}]}, False),
+        ("malformed fields state nothing", {"affinity": "x", "topologySpreadConstraints": 5}, False),
+    ],
+)
+def test_scored_preferences(case: str, spec: JSON, want: bool) -> None:
+    assert scored_preferences(spec) is want, case
+
+
+@pytest.fixture
+def ext() -> Extender:
+    """300 idle 2-GPU nodes but n250, whose GPU 1 is half used; a workload of half GPUs."""
+    used = encode_devices((DeviceAssignment(1, 500, 0),))
+    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
+    running["status"]["phase"] = "Running"
+    pending = [pod(f"q{i}", annotations={"gpu-fraction": "0.5"}) for i in range(4)]
+    extender: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, *pending])
+    extender.apply(parse("filter: {sampleNodes: 10}", source="test"))
+    return extender
+
+
+def half(name: str) -> JSON:
+    return pod(name, annotations={"gpu-fraction": "0.5"})
+
+
+def passed(ext: Extender, obj: JSON, names: list[str] = NODES) -> list[str]:
+    reply = ext.verbs.filter({"Pod": obj, "NodeNames": names})
+    assert not reply["FailedNodes"] and not reply["FailedAndUnresolvableNodes"]
+    names_out: list[str] = reply["NodeNames"]
+    return names_out
+
+
+def test_the_node_phalanx_ranks_best_survives_the_cut(ext: Extender) -> None:
+    """Without the cut prioritize's leader is n250 (it fills the half-used GPU), 250 names
+    into kube-scheduler's list; the sample of 10 keeps it, in the list's order, and
+    prioritize over the sample names the same leader."""
+    assert leader(scores(ext, half("q0"), NODES)) == "n250"
+    sample = passed(ext, half("q0"))
+    assert len(sample) == 10 and "n250" in sample
+    assert sample == sorted(sample, key=NODES.index)
+    assert leader(scores(ext, half("q0"), sample)) == "n250"
+
+
+def test_pods_phalanx_has_no_opinion_on_get_the_first_in_kube_schedulers_order(ext: Extender) -> None:
+    """A small CPU pod changes nothing for the GPU workload: the first nodes as kube-scheduler
+    listed them, every time (kube-scheduler's own scores choose among them)."""
+    names = NODES[150:] + NODES[:150]
+    assert passed(ext, pod("cpu"), names) == passed(ext, pod("cpu"), names) == names[:10]
+
+
+def test_a_pod_with_scored_preferences_keeps_every_node(ext: Extender) -> None:
+    obj = half("q0")
+    term = {"weight": 10, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    obj["spec"]["affinity"] = {"nodeAffinity": {PREFERRED: [term]}}
+    assert passed(ext, obj) == NODES
+
+
+@pytest.mark.parametrize(("setting", "want"), [("all", 300), ("auto", 144), ("150", 150), ("1000", 300)])
+def test_the_setting(ext: Extender, setting: str, want: int) -> None:
+    """auto: 300 nodes, kube-scheduler would score 48 % of them."""
+    ext.apply(parse(f"filter: {{sampleNodes: {setting}}}", source="test"))
+    assert len(passed(ext, half("q0"))) == want
+
+
+def test_a_pod_that_fits_nowhere_still_hears_why_from_every_node(ext: Extender) -> None:
+    reply = ext.verbs.filter({"Pod": pod("big", gpus=4), "NodeNames": NODES})
+    assert reply["NodeNames"] == []
+    assert set(reply["FailedNodes"]) == set(NODES)
+
+
+def test_an_invalid_setting_names_the_field() -> None:
+    with pytest.raises(ValueError, match=r"filter\.sampleNodes"):
+        parse("filter: {sampleNodes: 0}", source="test")
