@@ -392,8 +392,9 @@ class FilterConfig(_Strict):
         description="How many of the nodes that pass filter go on to scoring, the ones Phalanx ranks best "
         "(kube-scheduler runs with percentageOfNodesToScore 100 so a gang's planned node is never cut off, "
         "and would score every node). auto: as many as kube-scheduler's own default would score (all below "
-        "100 nodes, 420 of 1,000, 500 of 5,000); all: no cut; N: at most N. Pods with preferences "
-        "kube-scheduler scores (preferred node or pod affinity, ScheduleAnyway spread) keep every node.",
+        "100 nodes, 420 of 1,000, 500 of 5,000); all: no cut; N: at most N for GPU pods (1: Phalanx picks "
+        "the node), pods without GPUs keep kube-scheduler's count. Pods with preferences kube-scheduler "
+        "scores (preferred node or pod affinity, ScheduleAnyway spread) keep every node.",
     )
 
     def size(self, nodes: int) -> int:

@@ -37,7 +37,7 @@ from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
-from extender.scoring import best, fragmentation_scores
+from extender.scoring import best, fragmentation_scores, sample_size
 from extender.sharing import Sharing
 from solver import (
     DeviceAssignment,
@@ -182,11 +182,17 @@ class Verbs:
         (prioritize's scores, equals in kube-scheduler's order), so its choice is never cut
         off; for pods it has no opinion on, the first in kube-scheduler's order (a rotating
         window measured 0.12 points of allocation lower in trace_replay: it spreads CPU pods).
+        A setting below kube-scheduler's own count (`1`: Phalanx picks the node) applies to
+        GPU pods only: for a pod without GPUs Phalanx ranks nodes as equals at best, and
+        kube-scheduler's scores (spreading a Deployment's replicas) must choose among them.
         Pods with preferences kube-scheduler scores keep every node. Nothing fails for the
         cut: the nodes left out are simply not offered."""
         if verdict.outcome not in (Fit.FITS, Fit.PASSTHROUGH) or pod.prefers:
             return verdict
-        k = self.config.filter.size(self.cache.counts()[0])
+        nodes = self.cache.counts()[0]
+        k = self.config.filter.size(nodes)
+        if pod.demand.kind is GpuKind.NONE:
+            k = max(k, sample_size(nodes))
         passed = verdict.passed
         if len(passed) <= k:
             return verdict

@@ -87,9 +87,19 @@ def test_the_node_phalanx_ranks_best_survives_the_cut(ext: Extender) -> None:
 
 def test_pods_phalanx_has_no_opinion_on_get_the_first_in_kube_schedulers_order(ext: Extender) -> None:
     """A small CPU pod changes nothing for the GPU workload: the first nodes as kube-scheduler
-    listed them, every time (kube-scheduler's own scores choose among them)."""
+    listed them, every time, as many as kube-scheduler would score (48 % of 300; the fixture's
+    setting of 10 cuts GPU pods only), for its own scores to choose among."""
     names = NODES[150:] + NODES[:150]
-    assert passed(ext, pod("cpu"), names) == passed(ext, pod("cpu"), names) == names[:10]
+    assert passed(ext, pod("cpu"), names) == passed(ext, pod("cpu"), names) == names[:144]
+
+
+def test_below_kube_schedulers_count_the_setting_cuts_gpu_pods_only(ext: Extender) -> None:
+    """sampleNodes 1: a GPU pod gets Phalanx's one best node (kube-scheduler then skips
+    scoring); a pod without GPUs still gets kube-scheduler's own count (48 % of 300 nodes),
+    for kube-scheduler's scores to choose among."""
+    ext.apply(parse("filter: {sampleNodes: 1}", source="test"))
+    assert passed(ext, half("q0")) == ["n250"]
+    assert passed(ext, pod("cpu")) == NODES[:144]
 
 
 def test_a_pod_with_scored_preferences_keeps_every_node(ext: Extender) -> None:
