@@ -39,13 +39,15 @@ ready_s, and extender/kube-scheduler CPU ms per pod.
 
 `--memory` measures the extender at scale instead: N nodes (default 5,000) and M pods
 (default 50,000) already bound before it starts, 7 in 10 holding a whole GPU with its device
-record; the extender's RSS once ready and its time from start to ready (both lists read, the
-cache built). Headline keys: nodes, pods, rss_mib, ready_s.
+record; the extender's RSS once ready, its time from start to ready (both lists read, the
+cache built), and when each list ended (from the extender's log). Headline keys: nodes, pods,
+rss_mib, ready_s.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import ssl
@@ -53,6 +55,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -319,6 +322,23 @@ def create_bound_pods(kube: RestKube, count: int) -> None:
         list(pool.map(post, range(count)))
 
 
+def start_up(log: Path) -> str:
+    """When each list ended, from the extender's log (its first line is its start)."""
+    first, marks = None, []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            entry = json.loads(line)
+            at = datetime.fromisoformat(entry["timestamp"]).timestamp()
+        except (ValueError, KeyError, TypeError):
+            continue
+        first = at if first is None else first
+        if entry.get("event") == "listed" and entry.get("resource") in ("nodes", "pods"):
+            marks.append(
+                f"{entry['resource']} listed ({entry.get('count')} in {entry.get('pages')} pages) at {at - first:.2f}"
+            )
+    return ", ".join(marks) or "no list logged"
+
+
 def memory(args: argparse.Namespace) -> None:
     nodes = args.nodes or (1000 if args.quick else 5000)
     pods = args.pods or (10_000 if args.quick else 50_000)
@@ -332,6 +352,7 @@ def memory(args: argparse.Namespace) -> None:
         ready_s = session.ready_s
         time.sleep(5)  # settled: the sweep and the first refresh have run (RSS is not a condition to wait on)
         rss = rss_mib(session.ext_pid)
+        timeline = start_up(session.state / "extender.log")
         with urllib.request.urlopen(f"{session.ext_url}/metrics", timeout=10) as r:
             text = r.read().decode()
     cached = {
@@ -344,6 +365,7 @@ def memory(args: argparse.Namespace) -> None:
         f"{nodes} KWOK nodes (8 GPUs each), {pods} pods bound before the extender starts "
         "(70 % holding a whole GPU with its device record)",
         f"extender ready {ready_s:.2f} s after start; RSS {rss:.0f} MiB 5 s after ready; cache holds {cached}",
+        f"start-up (s from the extender's first log line): {timeline}",
     ]
     finish(
         "kwok_throughput --memory",

@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -123,31 +124,42 @@ class Reflector:
         return min(backoff * 2, MAX_BACKOFF_S)
 
     def list(self) -> None:
+        """List page by page. The next page is asked for as soon as this one's continue token
+        is read, and fetched while this one is prepared: kube-apiserver encodes it while the
+        extender parses, instead of each waiting for the other (two pages held at most)."""
         items: list[Any] = []
-        cont = ""
-        while True:
-            query = {"limit": str(self.page), **self.selector}
-            if cont:
-                query["continue"] = cont
-            body: Any = check(self.kube.request("GET", self.path, query=query), f"list {self.name}")
-            page_items = body.get("items") or []
-            # List items of built-in kinds carry no apiVersion/kind (watch events do): stamp the
-            # list's own, so a consumer knows which version of a moved kind it holds.
-            api_version, kind = body.get("apiVersion"), str(body.get("kind") or "").removesuffix("List")
-            for item in page_items:
-                if isinstance(item, dict) and api_version and "apiVersion" not in item:
-                    item["apiVersion"] = api_version
-                    item.setdefault("kind", kind)
-            items.extend(page_items if self.prepare is None else map(self.prepare, page_items))
-            meta = body.get("metadata") or {}
-            del body, page_items  # this page's raw objects can go before the next is read
-            cont = meta.get("continue") or ""
-            if not cont:
-                self.resource_version = meta.get("resourceVersion", "")
-                break
+        pages = 0
+        with ThreadPoolExecutor(1, thread_name_prefix=f"list-{self.name}") as fetcher:
+            pending = fetcher.submit(self._page, "")
+            while True:
+                body = pending.result()
+                pages += 1
+                meta = body.get("metadata") or {}
+                cont = meta.get("continue") or ""
+                if cont:
+                    pending = fetcher.submit(self._page, cont)
+                page_items = body.get("items") or []
+                # List items of built-in kinds carry no apiVersion/kind (watch events do): stamp
+                # the list's own, so a consumer knows which version of a moved kind it holds.
+                api_version, kind = body.get("apiVersion"), str(body.get("kind") or "").removesuffix("List")
+                for item in page_items:
+                    if isinstance(item, dict) and api_version and "apiVersion" not in item:
+                        item["apiVersion"] = api_version
+                        item.setdefault("kind", kind)
+                items.extend(page_items if self.prepare is None else map(self.prepare, page_items))
+                del body, page_items  # this page's raw objects can go before the next is read
+                if not cont:
+                    self.resource_version = meta.get("resourceVersion", "")
+                    break
         self.on_list(items)
         self.listed.set()
-        log.info("listed", resource=self.name, count=len(items), resource_version=self.resource_version)
+        log.info("listed", resource=self.name, count=len(items), pages=pages, resource_version=self.resource_version)
+
+    def _page(self, cont: str) -> Any:
+        query = {"limit": str(self.page), **self.selector}
+        if cont:
+            query["continue"] = cont
+        return check(self.kube.request("GET", self.path, query=query), f"list {self.name}")
 
     def watch(self) -> None:
         query = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -121,3 +122,50 @@ def test_listed_items_are_prepared_page_by_page() -> None:
     )
     run_until(reflector, done)
     assert lists[0] == ["A", "B"]
+
+
+class PagedKube:
+    """Serves a list in pages of one item, with continue tokens; notes each page asked for."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.asked: list[str] = []
+        self.second_page_asked = threading.Event()
+
+    def request(self, method: str, path: str, *, query: dict[str, str] | None = None, body: object = None) -> Any:
+        from extender.kube import Response
+
+        cont = (query or {}).get("continue", "")
+        self.asked.append(cont)
+        if cont == "1":
+            self.second_page_asked.set()
+        i = int(cont or 0)
+        meta = {"resourceVersion": "7", **({"continue": str(i + 1)} if i + 1 < len(self.names) else {})}
+        return Response(200, {"items": [{"metadata": {"name": self.names[i]}}], "metadata": meta})
+
+
+def test_the_next_page_is_fetched_while_this_one_is_prepared() -> None:
+    """Preparing page one waits until page two has been asked for: a list that fetched pages
+    one after the other would never get there (the wait would time out)."""
+    kube = PagedKube(["a", "b", "c"])
+    overlapped: list[bool] = []
+
+    def prepare(item: dict[str, Any]) -> str:
+        name: str = item["metadata"]["name"]
+        if name == "a":
+            overlapped.append(kube.second_page_asked.wait(5))
+        return name
+
+    lists: list[list[str]] = []
+    reflector = Reflector(
+        kube,  # type: ignore[arg-type]
+        "/api/v1/pods",
+        on_list=lists.append,
+        on_event=lambda kind, obj: None,
+        name="pods",
+        prepare=prepare,
+    )
+    reflector.list()
+    assert overlapped == [True]
+    assert lists == [["a", "b", "c"]] and kube.asked == ["", "1", "2"]
+    assert reflector.resource_version == "7"
