@@ -41,7 +41,7 @@ import structlog
 import solver
 from extender.cache import Cache
 from extender.gangs import requests
-from extender.gangs.membership import Membership, Nudge
+from extender.gangs.membership import Membership, Nudge, no_nudge
 from extender.gangs.requests import Entry, Members
 from extender.gangs.ri_source import PREFIX as RI_PREFIX
 from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
@@ -108,7 +108,7 @@ class GangManager:
         self.objects = objects
         self.params = params
         self.notify = notify
-        self.nudge: Nudge = nudge or (lambda namespace, name, value: None)
+        self.nudge: Nudge = nudge or no_nudge
         self.bind_wait_cap_s = bind_wait_cap_s
         self.ri = ri
         self.membership = Membership(cache, ri, self.nudge)
@@ -339,11 +339,14 @@ class GangManager:
         state.deadline = time.monotonic() + spec.timeout_s
         for uid, node, devices in placements:
             state.plan[uid] = Reservation(node, devices)
-        # Only members kube-scheduler has parked need waking; the others are still queued.
-        for uid in [u for u in state.parked if u in state.plan]:
+        # Every planned member gets its node as its nominated node (kube-scheduler then checks
+        # that node alone); only members kube-scheduler has parked need waking, the others are
+        # still queued and come with the nomination.
+        for uid, reservation in state.plan.items():
             planned = self.cache.pod(uid)
-            if planned is not None:
-                self.nudge(planned.namespace, planned.name, f"{state.plans}:{state.plan[uid].node}")
+            if planned is not None and not planned.node:
+                wake = f"{state.plans}:{reservation.node}" if uid in state.parked else None
+                self.nudge(planned.namespace, planned.name, wake, nominate=reservation.node)
         state.parked.difference_update(state.plan)
         state.reason = ""
         state.phase = GangPhase.PLANNED
@@ -370,6 +373,7 @@ class GangManager:
             self._release(state, f"{GANG_TIMEOUT}: {len(state.arrived)}/{len(state.plan)} members arrived")
 
     def _release(self, state: GangState, reason: str) -> None:
+        nominated = set(state.plan)
         self.cache.forget_unbound(list(state.plan))
         state.plan.clear()
         state.arrived.clear()
@@ -381,8 +385,11 @@ class GangManager:
         if state.spec is not None:
             self.notify(state.spec, "Released", reason, "Warning")
         for pod in self.membership.member_pods(state.key):
-            if not pod.node and pod.uid in state.parked:
-                self.nudge(pod.namespace, pod.name, f"{state.plans}:released")
+            # Nominations cleared: kube-scheduler would otherwise keep the released nodes for
+            # these members when it places other pods.
+            if not pod.node and (pod.uid in state.parked or pod.uid in nominated):
+                wake = f"{state.plans}:released" if pod.uid in state.parked else None
+                self.nudge(pod.namespace, pod.name, wake, nominate="" if pod.uid in nominated else None)
         log.info("gang reservation released", gang=state.key, reason=reason)
         self.lock.notify_all()
 

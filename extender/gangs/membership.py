@@ -12,21 +12,31 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from typing import Protocol
 
 from extender.cache import Cache
 from extender.gangs.ri_source import RISource
 from extender.gangs.sources import gang_key
 from extender.objects import PodInfo
 
-Nudge = Callable[[str, str, str], None]  # (namespace, pod name, annotation value)
+
+class Nudge(Protocol):
+    """Wake a parked pod by writing `value` into its plan annotation (None: no wake-up);
+    `nominate` (a node, or "" to clear) is written first as its status.nominatedNodeName
+    (extender/gangs/notify.py)."""
+
+    def __call__(self, namespace: str, name: str, value: str | None, nominate: str | None = None) -> None: ...
+
+
+def no_nudge(namespace: str, name: str, value: str | None, nominate: str | None = None) -> None:
+    return None
 
 
 class Membership:
     def __init__(self, cache: Cache, ri: RISource | None = None, nudge: Nudge | None = None) -> None:
         self.cache = cache
         self.ri = ri
-        self.nudge: Nudge = nudge or (lambda namespace, name, value: None)
+        self.nudge: Nudge = nudge or no_nudge
         self._lock = threading.Lock()
         self._members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
         self._key_of: dict[str, str] = {}  # pod uid -> gang key it is counted under

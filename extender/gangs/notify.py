@@ -40,7 +40,8 @@ class Notifier:
         # Each item carries how often it was tried: a write that fails (an API server outage) is
         # queued again, up to RETRIES times, behind the backoff.
         self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
-        self.nudges: queue.Queue[tuple[str, str, str, int]] = queue.Queue(maxsize=100_000)
+        self.nudges: queue.Queue[tuple[str, str, str | None, str | None, int]] = queue.Queue(maxsize=100_000)
+        self._nominate_refused = False
         # Several writers: a 512-member gang is woken in well under a second, not one by one.
         self.nudgers = [
             threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(8)
@@ -81,9 +82,9 @@ class Notifier:
         except queue.Full:
             log.warning("gang notification dropped: queue full", gang=spec.key, reason=reason)
 
-    def nudge(self, namespace: str, name: str, value: str) -> None:
+    def nudge(self, namespace: str, name: str, value: str | None, nominate: str | None = None) -> None:
         try:
-            self.nudges.put_nowait((namespace, name, value, 0))
+            self.nudges.put_nowait((namespace, name, value, nominate, 0))
         except queue.Full:
             log.warning("gang member nudge dropped: queue full", pod=f"{namespace}/{name}")
 
@@ -93,19 +94,29 @@ class Notifier:
     def _nudge_loop(self) -> None:
         failures = 0
         while True:
-            namespace, name, value, tries = self.nudges.get()
-            patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
+            namespace, name, value, nominate, tries = self.nudges.get()
+            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             try:
-                self.binder.kube.request(
-                    "PATCH",
-                    f"/api/v1/namespaces/{namespace}/pods/{name}",
-                    body=patch,
-                    content_type="application/merge-patch+json",
-                )
+                if nominate is not None:
+                    # The planned node as the pod's nominated node: kube-scheduler then filters
+                    # the member on that node alone and skips scoring (evaluateNominatedNode),
+                    # instead of filtering every node. Written before the wake-up, so the
+                    # member comes back with it; a nomination that no longer holds costs one
+                    # failed check, after which kube-scheduler clears it and filters as usual.
+                    status = {"status": {"nominatedNodeName": nominate or None}}
+                    r = self.binder.kube.request(
+                        "PATCH", f"{path}/status", body=status, content_type="application/merge-patch+json"
+                    )
+                    if r.status == 403 and not self._nominate_refused:
+                        self._nominate_refused = True  # the wake-up below still works; said once
+                        log.warning("may not patch pods/status: members not nominated", error=str(r.body)[:256])
+                if value is not None:
+                    patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
+                    self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
                 failures = 0
             except Exception as e:
                 failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
-                _again(self.nudges, (namespace, name, value, tries + 1), tries)
+                _again(self.nudges, (namespace, name, value, nominate, tries + 1), tries)
 
     def _run(self) -> None:
         failures = 0

@@ -57,8 +57,14 @@ class FakeKube:
                 return Response(404, {"message": "not found"})
             if method == "GET":
                 return Response(200, pod)
-            if method == "PATCH":
-                pod["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+            if method == "PATCH":  # merge patches: annotations, or status fields (None removes)
+                if "metadata" in body:
+                    pod["metadata"].setdefault("annotations", {}).update(body["metadata"]["annotations"])
+                for key, value in (body.get("status") or {}).items():
+                    if value is None:
+                        pod.setdefault("status", {}).pop(key, None)
+                    else:
+                        pod.setdefault("status", {})[key] = value
                 return Response(200, pod)
             if method == "POST" and parts[-1] == "binding":
                 if self.fail_bind:

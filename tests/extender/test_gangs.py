@@ -248,12 +248,16 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
         self.nudged: list[str] = []
+        self.nominated: dict[str, str | None] = {}
 
     def notify(self, spec: Any, reason: str, message: str, kind: str) -> None:
         self.events.append((reason, message))
 
-    def nudge(self, namespace: str, name: str, value: str) -> None:
-        self.nudged.append(name)
+    def nudge(self, namespace: str, name: str, value: str | None, nominate: str | None = None) -> None:
+        if value is not None:
+            self.nudged.append(name)
+        if nominate is not None:
+            self.nominated[name] = nominate
 
 
 def manager_with(nodes: int, *definitions: dict) -> tuple[GangManager, Cache, Recorder]:  # type: ignore[type-arg]
@@ -284,6 +288,8 @@ def test_no_member_is_placed_before_quorum_then_all_are_planned_at_once() -> Non
     assert len(set(planned.values())) == 3  # one node each
     assert rec.nudged == ["p0"]  # only the member kube-scheduler parked needs waking
     assert cache.assumed_uids() == set(planned)  # capacity reserved for all
+    # every member nominated to its planned node, so kube-scheduler checks that node alone
+    assert rec.nominated == {m.name: planned[m.uid] for m in [first, *rest]}
 
 
 def test_filter_answers_from_the_plan_without_solving_again() -> None:
@@ -326,6 +332,7 @@ def test_a_gate_that_does_not_close_in_time_releases_everything() -> None:
     assert error is not None and error.startswith(GANG_TIMEOUT)
     assert cache.assumed_uids() == set()
     assert ("Released", error) in rec.events
+    assert rec.nominated == {"p0": "", "p1": ""}  # nominations cleared with the reservation
 
 
 def test_a_second_gang_never_takes_a_reserved_node() -> None:
