@@ -8,14 +8,19 @@ milliseconds per object, which a watch over thousands of pods cannot afford.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
 import orjson
+import structlog
 import urllib3
 from kubernetes import client, config
+
+log = structlog.get_logger("phalanx.kube")
 
 JSON = dict[str, Any]
 
@@ -59,15 +64,21 @@ class Kube(Protocol):
 
 
 class RestKube:
-    """`Kube` over urllib3 with the credentials of a kubeconfig or the pod's service account."""
+    """`Kube` over urllib3 with the credentials of a kubeconfig or the pod's service account.
 
-    def __init__(self, cfg: client.Configuration) -> None:
+    Credentials are re-read as client-go re-reads them: the source (the kubeconfig, with its
+    `tokenFile` or exec plugin, or the in-cluster token file) at most every `REFRESH_S`, and at
+    once when the API server answers 401, so a projected service-account token that kubelet
+    rotated, or an exec credential that expired, never leaves the watches failing. A source that
+    cannot be read keeps the last good credentials (and says so in the log)."""
+
+    def __init__(self, cfg: client.Configuration, reload: Callable[[], client.Configuration] | None = None) -> None:
         self.host = cfg.host.rstrip("/")
-        self.headers = {"Accept": "application/json"}
-        token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
-        if token:
-            prefix = cfg.api_key_prefix.get("authorization", "")
-            self.headers["Authorization"] = f"{prefix} {token}".strip() if not token.startswith("Bearer") else token
+        self._reload = reload
+        self._lock = threading.Lock()
+        self._authorization = _authorization(cfg)
+        self._next_refresh = time.monotonic() + REFRESH_S
+        self._last_forced = 0.0
         kwargs: dict[str, Any] = {"maxsize": 64, "block": False}
         if self.host.startswith("https"):
             kwargs.update(cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE", ca_certs=cfg.ssl_ca_cert)
@@ -77,12 +88,53 @@ class RestKube:
 
     @classmethod
     def from_kubeconfig(cls, path: str | None) -> RestKube:
-        cfg = client.Configuration()
-        if path:
-            config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
-        else:
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-        return cls(cfg)
+        def load() -> client.Configuration:
+            cfg = client.Configuration()
+            if path:
+                config.load_kube_config(config_file=path, client_configuration=cfg)  # type: ignore[no-untyped-call]
+            else:
+                # We re-read the token ourselves (the loader's own hook is for its ApiClient).
+                config.load_incluster_config(client_configuration=cfg, try_refresh_token=False)  # type: ignore[no-untyped-call]
+            return cfg
+
+        return cls(load(), reload=load)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The headers every request carries (Accept, and Authorization when there is a token)."""
+        headers = {"Accept": "application/json"}
+        authorization = self._current_authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        return headers
+
+    def refresh_credentials(self, *, rejected: bool = False) -> bool:
+        """Re-read the credentials now; True if they changed. After a 401 (`rejected`) at most
+        once a second, however many requests were refused at the same time."""
+        if self._reload is None:
+            return False
+        with self._lock:
+            now = time.monotonic()
+            if rejected and now - self._last_forced < 1.0:
+                return False
+            if rejected:
+                self._last_forced = now
+            self._next_refresh = now + REFRESH_S
+            try:
+                authorization = _authorization(self._reload())
+            except Exception as e:  # a half-written kubeconfig, an exec plugin that failed
+                log.warning("cannot re-read credentials; keeping the last ones", error=str(e))
+                return False
+            changed = authorization != self._authorization
+            self._authorization = authorization
+        if changed:
+            log.info("credentials re-read: the token changed", after_401=rejected)
+        return changed
+
+    def _current_authorization(self) -> str | None:
+        if self._reload is not None and time.monotonic() >= self._next_refresh:
+            self.refresh_credentials()
+        return self._authorization
 
     def request(
         self,
@@ -94,15 +146,20 @@ class RestKube:
         content_type: str = "application/json",
     ) -> Response:
         url = self.host + path + (f"?{urlencode(query)}" if query else "")
-        headers = dict(self.headers)
-        data = None
-        if body is not None:
-            headers["Content-Type"] = content_type
-            data = orjson.dumps(body)
-        try:
-            r = self.pool.request(method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60))
-        except urllib3.exceptions.HTTPError as e:
-            raise Unreachable(f"{method} {path}: {e}") from e
+        data = None if body is None else orjson.dumps(body)
+        for attempt in (0, 1):
+            headers = self.headers
+            if data is not None:
+                headers["Content-Type"] = content_type
+            try:
+                r = self.pool.request(
+                    method, url, body=data, headers=headers, timeout=urllib3.Timeout(connect=5, read=60)
+                )
+            except urllib3.exceptions.HTTPError as e:
+                raise Unreachable(f"{method} {path}: {e}") from e
+            # A token that expired or rotated: re-read it and send once more if it changed.
+            if r.status != 401 or attempt or not self.refresh_credentials(rejected=True):
+                break
         return Response(r.status, _decode(r.data))
 
     def stream(self, path: str, query: Mapping[str, str]) -> Iterator[JSON]:
@@ -128,6 +185,8 @@ class RestKube:
         try:
             if r.status == 410:
                 raise Expired(path)
+            if r.status == 401:  # the reflector retries after its backoff, with the token re-read
+                self.refresh_credentials(rejected=True)
             if r.status >= 300:
                 raise ApiError(r.status, r.data[:500], f"watch {path}")
             yield from _lines(r)
@@ -138,6 +197,18 @@ class RestKube:
 
 
 HEADERS_S = 30.0  # a watch's response headers must come within this
+REFRESH_S = 60.0  # credentials are re-read at least this often (client-go: token files every minute)
+
+
+def _authorization(cfg: client.Configuration) -> str | None:
+    """The Authorization header a loaded configuration carries, if any."""
+    token = cfg.api_key.get("authorization") or cfg.api_key.get("BearerToken")
+    if not token:
+        return None
+    if token.lower().startswith("bearer "):
+        return "Bearer " + token[7:].strip()
+    prefix = cfg.api_key_prefix.get("authorization", "")
+    return f"{prefix} {token}".strip()
 
 
 def _socket_of(r: urllib3.BaseHTTPResponse) -> Any:

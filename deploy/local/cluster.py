@@ -13,11 +13,12 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import yaml
 from kubernetes import client
 
 from deploy.local import credentials, process, stages
@@ -28,6 +29,7 @@ from deploy.local.components import (
     ControlPlaneOptions,
     Ports,
     apiserver_argv,
+    audit_policy,
     etcd_argv,
     kwok_argv,
     pick_ports,
@@ -367,6 +369,9 @@ class LocalCluster:
             service_account_key=self.layout.service_account_key,
             token_file=self.layout.token_file,
         )
+        if self.options.audit_users:
+            self.layout.audit_policy.write_text(yaml.safe_dump(audit_policy(self.options.audit_users)))
+            files = replace(files, audit_policy=self.layout.audit_policy, audit_log=self.layout.audit_log)
         self._launch(
             record,
             "kube-apiserver",

@@ -61,6 +61,9 @@ class ControlPlaneOptions:
     """Range KWOK draws fake pod IPs from; kwok's default /24 runs out past 254 pods."""
     die_with_parent: bool = False
     """Components are killed when the thread that started them exits (for test sessions)."""
+    audit_users: tuple[str, ...] = ()
+    """Users whose every API call kube-apiserver writes to its audit log (Metadata level, JSON
+    lines): the RBAC test compares what Phalanx's service accounts called with their rules."""
 
 
 @dataclass(frozen=True)
@@ -125,11 +128,21 @@ class ApiserverFiles:
     cert_dir: Path
     service_account_key: Path
     token_file: Path
+    audit_policy: Path | None = None
+    audit_log: Path | None = None
 
 
 def apiserver_argv(binary: Path, *, ports: Ports, files: ApiserverFiles, options: ControlPlaneOptions) -> list[str]:
     """Return the kube-apiserver command line."""
     runtime = [f"--runtime-config={','.join(options.runtime_config)}"] if options.runtime_config else []
+    audit = []
+    if files.audit_policy is not None and files.audit_log is not None:
+        audit = [
+            f"--audit-policy-file={files.audit_policy}",
+            f"--audit-log-path={files.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxbackup=1",
+        ]
     return [
         str(binary),
         f"--etcd-servers=http://{LOOPBACK}:{ports.etcd_client}",
@@ -148,8 +161,20 @@ def apiserver_argv(binary: Path, *, ports: Ports, files: ApiserverFiles, options
         "--allow-privileged=true",
         "--profiling=false",
         *runtime,
+        *audit,
         *_gates(options.apiserver_feature_gates),
     ]
+
+
+def audit_policy(users: tuple[str, ...]) -> dict[str, object]:
+    """An audit Policy recording every call of `users` (who, verb, resource, name, response
+    code; no bodies) and nothing else."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "Metadata", "users": list(users)}, {"level": "None"}],
+    }
 
 
 def scheduler_argv(

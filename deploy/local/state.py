@@ -52,6 +52,15 @@ class StateLayout:
         return self.pki / "tokens.csv"
 
     @property
+    def audit_policy(self) -> Path:
+        return self.root / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (JSON lines) when ControlPlaneOptions.audit_users is set."""
+        return self.root / "logs" / "audit.log"
+
+    @property
     def etcd_data(self) -> Path:
         return self.root / "etcd"
 

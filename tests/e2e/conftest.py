@@ -15,6 +15,11 @@ import pytest
 from deploy.local.cluster import LocalCluster
 from deploy.local.components import ControlPlaneOptions
 
+SHIPPED_ACCOUNTS = (
+    "system:serviceaccount:phalanx-system:phalanx-scheduler",
+    "system:serviceaccount:phalanx-system:phalanx-extender",
+)
+
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
@@ -22,7 +27,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     if shutil.which("go") is None:
         pytest.skip("the Go toolchain is needed to build the local control plane")
     # die_with_parent: a session killed outright (e.g. by a CI timeout) takes its cluster along.
-    options = ControlPlaneOptions(die_with_parent=True)
+    # The shipped service accounts' calls go to the audit log (test_manifests checks the RBAC).
+    options = ControlPlaneOptions(die_with_parent=True, audit_users=SHIPPED_ACCOUNTS)
     local = LocalCluster("e2e", state_dir_path=tmp_path_factory.mktemp("cluster"), options=options)
     try:
         local.up()

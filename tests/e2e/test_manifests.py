@@ -1,18 +1,31 @@
-"""The deploy/kubernetes manifests are valid objects for the real API server (server-side dry
-run), and the scheduler configuration they carry is one kube-scheduler accepts."""
+"""The deploy/kubernetes manifests as shipped: valid objects for the real API server (server-side
+dry run), a scheduler configuration kube-scheduler accepts, and, applied as an operator would,
+both containers' commands scheduling a gang with their own service accounts' tokens and leader
+election on, every call they make allowed and every rule of the extender's roles used."""
 
 from __future__ import annotations
 
+import json
+import os
+import ssl
 import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from deploy.local import process
 from deploy.local.build import locate_binaries
 from deploy.local.cluster import LocalCluster
+from deploy.local.components import LOOPBACK, free_port
 from extender.kube import RestKube
+from tests.e2e.test_extender import wait
 
 pytestmark = pytest.mark.e2e
 
@@ -21,6 +34,7 @@ PATHS = {
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
@@ -70,3 +84,302 @@ def test_the_shipped_scheduler_configuration_is_accepted_by_kube_scheduler(
     effective = yaml.safe_load((tmp_path / "effective.yaml").read_text())
     assert effective["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
     assert effective["percentageOfNodesToScore"] == 100
+
+
+# ---------------------------------------------------------------- the manifests as shipped
+
+NS_E2E = "manifests-e2e"
+EXTENDER_USER = "system:serviceaccount:phalanx-system:phalanx-extender"
+SCHEDULER_USER = "system:serviceaccount:phalanx-system:phalanx-scheduler"
+CRDS = sorted((MANIFESTS.parents[1] / "config" / "crds").glob("*.yaml"))
+#: Rules of the extender's roles this test cannot call, and why they are still needed.
+NOT_EXERCISED = {
+    ("", "configmaps", "patch"): "POST/DELETE /api/v1/workload-types persist there (test_resource_interfaces)",
+    ("scheduling.k8s.io", "podgroups/status", "patch"): "a native PodGroup gang's status (test_gangs)",
+    ("", "pods", "get"): "a bind answered 409 reads the pod: was it bound where we wanted already?",
+}
+RI_GROUPS = {"kubeflow.org", "jobset.x-k8s.io", "leaderworkerset.x-k8s.io", "serving.kserve.io"}
+RI_GROUPS |= {"trainer.kubeflow.org", "ray.io", "apps", "batch"}
+
+
+def apply(kube: RestKube, doc: dict[str, Any]) -> None:
+    """Server-side apply, as `kubectl apply --server-side` does."""
+    meta = doc["metadata"]
+    path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=meta.get("namespace", "")) + "/" + meta["name"]
+    r = kube.request(
+        "PATCH",
+        path,
+        body=doc,
+        query={"fieldManager": "phalanx-operator", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+    assert r.status in (200, 201), f"apply {doc['kind']}/{meta['name']}: {r.status} {r.body}"
+
+
+def mint(kube: RestKube, account: str, bound_to: str) -> str:
+    """What kubelet does for a pod: a token of `account` (TokenRequest), bound to an object (a
+    Secret here, a pod there) whose deletion invalidates it."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": bound_to, "namespace": "phalanx-system"}}
+    r = kube.request("POST", "/api/v1/namespaces/phalanx-system/secrets", body=secret)
+    assert r.status in (201, 409), r.body
+    uid = kube.request("GET", f"/api/v1/namespaces/phalanx-system/secrets/{bound_to}").body["metadata"]["uid"]
+    spec = {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {"apiVersion": "v1", "kind": "Secret", "name": bound_to, "uid": uid},
+    }
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+    r = kube.request("POST", f"/api/v1/namespaces/phalanx-system/serviceaccounts/{account}/token", body=body)
+    assert r.status == 201, r.body
+    return str(r.body["status"]["token"])
+
+
+def service_account_kubeconfig(kube: RestKube, cluster: LocalCluster, account: str, folder: Path) -> Path:
+    """A kubeconfig naming a token file (`tokenFile`, re-read by both clients, as a projected
+    token is), holding a token of `account` bound to the Secret `<account>-1`."""
+    (folder / f"{account}.token").write_text(mint(kube, account, f"{account}-1"))
+    admin = yaml.safe_load(cluster.kubeconfig_path.read_text())
+    server = admin["clusters"][0]["cluster"]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": server}],
+        "users": [{"name": account, "user": {"tokenFile": str(folder / f"{account}.token")}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
+        "current-context": "c",
+    }
+    path = folder / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def audit(cluster: LocalCluster, user: str) -> list[dict[str, Any]]:
+    lines = cluster.layout.audit_log.read_text().splitlines()
+    events = [json.loads(line) for line in lines if line.strip()]
+    return [e for e in events if e["user"]["username"] == user and "objectRef" in e]
+
+
+def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
+@pytest.fixture
+def shipped(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[RestKube, int, Path]]:
+    """The manifests applied as an operator would, both containers' commands running as local
+    processes with their service accounts' tokens, leader election on. Yields the admin
+    client, the extender's port and the folder of the token files."""
+    kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+    for path in CRDS:
+        crd = yaml.safe_load(path.read_text())
+        r = kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd)
+        assert r.status in (201, 409), r.body
+    wait("Workloads served", lambda: kube.request("GET", "/apis/phalanx.io/v1alpha1/workloads").status == 200)
+    docs = documents()
+    for doc in docs:
+        apply(kube, doc)
+    scheduler_kc = service_account_kubeconfig(kube, cluster, "phalanx-scheduler", tmp_path)
+    extender_kc = service_account_kubeconfig(kube, cluster, "phalanx-extender", tmp_path)
+    port = free_port()
+    config = next(d for d in docs if d["metadata"]["name"] == "phalanx-scheduler-config")
+    text = config["data"]["scheduler.yaml"].replace("http://127.0.0.1:8888", f"http://127.0.0.1:{port}")
+    scheduler_yaml = yaml.safe_load(text)
+    scheduler_yaml["clientConnection"] = {"kubeconfig": str(scheduler_kc)}  # in a pod: in-cluster
+    assert scheduler_yaml["leaderElection"]["leaderElect"] is True
+    (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(scheduler_yaml))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    binary = locate_binaries().kube_scheduler
+    scheduler_argv = [
+        str(binary),
+        *[a for a in containers["kube-scheduler"]["command"][1:] if not a.startswith("--config")],
+        f"--config={tmp_path / 'scheduler.yaml'}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={free_port()}",
+        f"--authentication-kubeconfig={scheduler_kc}",
+        f"--authorization-kubeconfig={scheduler_kc}",
+    ]
+    extender_argv = [sys.executable, *containers["phalanx-extender"]["command"][1:]]
+    extender_argv[extender_argv.index("8888")] = str(port)
+    extender_argv += ["--kubeconfig", str(extender_kc)]
+    env = {**os.environ, "PYTHONPATH": str(MANIFESTS.parents[1])}
+    extender = process.start(extender_argv, log_path=tmp_path / "extender.log", env=env, die_with_parent=True)
+    scheduler = process.start(scheduler_argv, log_path=tmp_path / "scheduler.log", die_with_parent=True)
+    r = kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS_E2E}})
+    assert r.status in (201, 409), r.body
+    try:
+        wait("extender ready", lambda: _get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 120)
+        yield kube, port, tmp_path
+    finally:
+        process.stop(scheduler.pid, binary, handle=scheduler.handle)
+        process.stop(extender.pid, Path(sys.executable), handle=extender.handle)
+        kube.request("DELETE", f"/api/v1/namespaces/{NS_E2E}/pods", query={"gracePeriodSeconds": "0"})
+        for account in ("phalanx-scheduler", "phalanx-extender"):
+            for i in (1, 2):
+                kube.request("DELETE", f"/api/v1/namespaces/phalanx-system/secrets/{account}-{i}")
+        for name in ("scheduler", "extender"):
+            log = (tmp_path / f"{name}.log").read_text(errors="replace")
+            print(f"--- {name} log (tail)\n" + "\n".join(log.splitlines()[-40:]))
+
+
+def _get(url: str, method: str = "GET", token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+    except OSError as e:
+        return 0, str(e)
+
+
+def test_the_shipped_manifests_schedule_a_gang_with_leader_election_and_least_privilege(
+    cluster: LocalCluster, shipped: tuple[RestKube, int, Path]
+) -> None:
+    kube, port, _ = shipped
+    lease = wait(
+        "kube-scheduler holds its lease",
+        lambda: (
+            (
+                r := kube.request(
+                    "GET", "/apis/coordination.k8s.io/v1/namespaces/phalanx-system/leases/phalanx-scheduler"
+                )
+            ).status
+            == 200
+            and r.body["spec"].get("holderIdentity")
+        ),
+        120,
+    )
+    assert lease
+    # Members first: kube-scheduler finds them unschedulable (no gang yet) and parks them, so
+    # the plan must wake them (the pods patch) and nominate their nodes (pods/status).
+    for i in range(4):
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"m-{i}", "labels": {"phalanx.io/workload": "shipped"}},
+            "spec": {
+                "schedulerName": "phalanx",
+                "containers": [{"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+            },
+        }
+        assert kube.request("POST", f"/api/v1/namespaces/{NS_E2E}/pods", body=body).status == 201
+
+    def unschedulable() -> bool:
+        items = kube.request("GET", f"/api/v1/namespaces/{NS_E2E}/pods").body["items"]
+        conditions = [c for p in items for c in p.get("status", {}).get("conditions", [])]
+        return sum(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions) == 4
+
+    wait("4 members parked", unschedulable, 120)
+    workload = {
+        "apiVersion": "phalanx.io/v1alpha1",
+        "kind": "Workload",
+        "metadata": {"name": "shipped", "namespace": NS_E2E},
+        "spec": {
+            "gangGroups": [
+                {
+                    "name": "workers",
+                    "minCount": 4,
+                    "topologyRequest": {"required": "topology.phalanx.io/rack"},
+                    "rankedGroups": [{"name": "all", "eqGroups": [{"name": "w", "count": 4}]}],
+                }
+            ]
+        },
+    }
+    r = kube.request("POST", f"/apis/phalanx.io/v1alpha1/namespaces/{NS_E2E}/workloads", body=workload)
+    assert r.status == 201, r.body
+
+    def placed() -> list[str]:
+        items = kube.request("GET", f"/api/v1/namespaces/{NS_E2E}/pods").body["items"]
+        nodes = [p["spec"].get("nodeName") for p in items]
+        return [n for n in nodes if n] if all(nodes) and len(nodes) == 4 else []
+
+    nodes = wait("the gang bound", placed, 120)
+    labels = [kube.request("GET", f"/api/v1/nodes/{n}").body["metadata"]["labels"] for n in nodes]
+    racks = {node_labels["topology.phalanx.io/rack"] for node_labels in labels}
+    assert len(racks) == 1
+    wait(
+        "Workload status written",
+        lambda: (
+            kube.request("GET", f"/apis/phalanx.io/v1alpha1/namespaces/{NS_E2E}/workloads/shipped")
+            .body.get("status", {})
+            .get("phase")
+            == "Scheduled"
+        ),
+    )
+    # The REST API: a write without a token is refused; an operator's (the admin's) is reviewed.
+    url = f"http://127.0.0.1:{port}/api/v1/stats"
+    assert _get(url, "DELETE")[0] == 401
+    admin_token = yaml.safe_load(cluster.kubeconfig_path.read_text())["users"][0]["user"]["token"]
+    assert _get(url, "DELETE", admin_token)[0] == 200
+
+    # Least privilege: no call of either account was refused, and every rule of the extender's
+    # roles was called (or is listed above with the reason this test cannot call it).
+    def refused(user: str) -> list[str]:
+        events = audit(cluster, user)
+        return [f"{e['verb']} {e['requestURI']}" for e in events if e.get("responseStatus", {}).get("code") == 403]
+
+    wait("audit events of the extender", lambda: audit(cluster, EXTENDER_USER))
+    assert refused(SCHEDULER_USER) == []
+    assert refused(EXTENDER_USER) == []
+    called = set()
+    for e in audit(cluster, EXTENDER_USER):
+        ref = e["objectRef"]
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        called.add((ref.get("apiGroup", ""), resource, e["verb"]))
+    docs = documents()
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "phalanx-extender")
+    config_role = next(d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == "phalanx-config-reader")
+    granted = rule_set(role["rules"]) | rule_set(config_role["rules"])
+    # Resource Interface kinds are watched once their CRDs exist (test_resource_interfaces).
+    granted = {g for g in granted if g[0] not in RI_GROUPS}
+    unused = sorted(g for g in granted - called if g not in NOT_EXERCISED)
+    assert unused == [], f"rules nothing called: {unused}; calls: {sorted(called)}"
+    reviews = {
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
+    }
+    assert reviews <= called
+
+
+def test_a_rotated_token_is_picked_up_and_the_old_one_is_never_needed_again(
+    cluster: LocalCluster, shipped: tuple[RestKube, int, Path]
+) -> None:
+    """kubelet rewrites a projected token file before the old token expires; the extender must
+    carry on with the new one (binds, watches) once the old one is refused."""
+    kube, _, folder = shipped
+    old = (folder / "phalanx-extender.token").read_text()
+    (folder / "phalanx-extender.token").write_text(mint(kube, "phalanx-extender", "phalanx-extender-2"))
+    r = kube.request("DELETE", "/api/v1/namespaces/phalanx-system/secrets/phalanx-extender-1")
+    assert r.status == 200, r.body
+    # The first token is refused from now on (once kube-apiserver's 10 s cache of good tokens
+    # has forgotten it).
+    server = yaml.safe_load(cluster.kubeconfig_path.read_text())["clusters"][0]["cluster"]["server"]
+    context = ssl.create_default_context(cafile=str(cluster.layout.ca_file))
+
+    def refused() -> bool:
+        request = urllib.request.Request(f"{server}/api/v1/namespaces/{NS_E2E}/pods")
+        request.add_header("Authorization", f"Bearer {old}")
+        try:
+            urllib.request.urlopen(request, timeout=10, context=context).close()
+        except urllib.error.HTTPError as e:
+            return e.code == 401
+        return False
+
+    wait("the old token refused", refused, 60)
+    invalidated = time.time()
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "after-rotation"},
+        "spec": {"schedulerName": "phalanx", "containers": [{"name": "c", "image": "x"}]},
+    }
+    assert kube.request("POST", f"/api/v1/namespaces/{NS_E2E}/pods", body=body).status == 201
+    path = f"/api/v1/namespaces/{NS_E2E}/pods/after-rotation"
+    wait("the pod bound by the extender", lambda: kube.request("GET", path).body["spec"].get("nodeName"), 60)
+    assert time.time() - invalidated < 60
+
+    # The old token was refused once (the bind's first try), the file read again, and the bind
+    # sent once more: the extender's log says so.
+    log = [json.loads(line) for line in (folder / "extender.log").read_text().splitlines() if line.startswith("{")]
+    assert [e for e in log if e["event"] == "credentials re-read: the token changed" and e["after_401"]]
