@@ -12,6 +12,7 @@ from pathlib import Path
 
 from extender.app import Extender, Options
 from extender.kube import RestKube
+from extender.tls import TLSFiles
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
 ARENAS = 2
@@ -42,20 +43,35 @@ def main() -> None:
     ap.add_argument(
         "--insecure-expose-verbs",
         action="store_true",
-        help="allow a non-loopback --host: the verbs (bind included) carry no credentials, so anyone "
-        "who reaches the port can bind pods; only behind a network policy that admits kube-scheduler alone",
+        help="allow a non-loopback --host without TLS client certificates: anyone who reaches the port "
+        "can bind pods; only behind a network policy that admits kube-scheduler alone",
     )
     ap.add_argument("--port", type=int, default=8888)
     ap.add_argument("--config-namespace", default="phalanx-system", help="namespace of the phalanx-config ConfigMap")
     ap.add_argument("--config-file", type=Path, help="initial configuration file (the ConfigMap overrides it)")
+    ap.add_argument("--tls-cert-file", type=Path, help="serve HTTPS with this certificate (PEM, re-read on change)")
+    ap.add_argument("--tls-private-key-file", type=Path, help="the certificate's private key (PEM)")
+    ap.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="CA of the clients allowed to call the verbs (kube-scheduler's tlsConfig.certFile); "
+        "a verb call without a certificate it signed gets 401",
+    )
     args = ap.parse_args()
-    if not _loopback(args.host) and not args.insecure_expose_verbs:
+    if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
+        ap.error("--tls-cert-file and --tls-private-key-file go together")
+    if args.client_ca_file and not args.tls_cert_file:
+        ap.error("--client-ca-file needs --tls-cert-file and --tls-private-key-file (client certificates need TLS)")
+    secured = bool(args.tls_cert_file and args.client_ca_file)
+    if not _loopback(args.host) and not secured and not args.insecure_expose_verbs:
         ap.error(
-            f"--host {args.host}: the verbs are unauthenticated and listen on loopback only "
-            "(run the extender as kube-scheduler's sidecar), or pass --insecure-expose-verbs"
+            f"--host {args.host}: the verbs listen on loopback only (run the extender as kube-scheduler's "
+            "sidecar) unless they are secured: --tls-cert-file, --tls-private-key-file and --client-ca-file "
+            "(or, behind a network policy, --insecure-expose-verbs)"
         )
+    tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
     kube = RestKube.from_kubeconfig(args.kubeconfig)
-    extender = Extender(kube, Options(args.host, args.port, args.config_namespace, args.config_file))
+    extender = Extender(kube, Options(args.host, args.port, args.config_namespace, args.config_file, tls))
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -51,6 +51,7 @@ from extender.ri.model import GVK
 from extender.ri.registry import Registry
 from extender.server import Server
 from extender.sharing import Sharing
+from extender.tls import ServerTLS, TLSFiles
 from extender.verbs import Verbs
 from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
@@ -68,6 +69,7 @@ class Options:
     port: int = 8888
     config_namespace: str = "phalanx-system"
     config_file: Path | None = None
+    tls: TLSFiles | None = None  # serve HTTPS (verbs only for clients the client CA signed)
 
 
 class Extender:
@@ -157,6 +159,7 @@ class Extender:
             },
             apis={"/api/v1/workload-types": self.workload_types.api},
             authorizer=KubeAuthorizer(kube),
+            tls=ServerTLS(options.tls) if options.tls else None,
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()

@@ -14,8 +14,9 @@ declares more than it sends holds its thread for seconds, not forever), the idle
 kept-alive connection, and the number of connections, each holding one thread (past it, a
 fast 503 and close). The handler's own time is not bounded here: bind waits at the gang gate.
 
-Writes to the REST API need a Kubernetes token whose user RBAC allows the write (`auth.py`);
-the verbs are for kube-scheduler on the pod's loopback and carry no credentials.
+Writes to the REST API need a Kubernetes token whose user RBAC allows the write (`auth.py`).
+The verbs are for kube-scheduler: on the pod's loopback by default; on a TLS port with a client
+CA (`tls.py`), only for a client whose certificate that CA signed (401 otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import io
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from extender.auth import WRITE_VERBS, Access, Authorizer, Denied
 from extender.errors import BadRequest, NotReady
 from extender.metrics import Metrics
+from extender.tls import ServerTLS
 
 log = structlog.get_logger("phalanx.server")
 
@@ -109,6 +112,8 @@ class Route:
     # token whose user RBAC allows that verb on it (`auth.py`). "": no authorisation (verbs,
     # reads, health).
     writes: str = ""
+    # A verb: on a TLS server with a client CA, only for a client with a verified certificate.
+    verb: bool = False
 
     def access(self, method: str, rest: str) -> Access | None:
         verb = WRITE_VERBS.get(method)
@@ -138,9 +143,11 @@ class Server(ThreadingHTTPServer):
         apis: dict[str, Api] | None = None,
         limits: Limits = Limits(),
         authorizer: Authorizer | None = None,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.limits = limits
         self.authorizer = authorizer
+        self.tls = tls
         self._slots = threading.BoundedSemaphore(limits.connections)
         super().__init__(address, _Handler)
         self.connections: set[socket.socket] = set()
@@ -162,7 +169,7 @@ class Server(ThreadingHTTPServer):
             ),
             *(Route(get, prefix, _read(read), prefix=True) for prefix, read in (reads or {}).items()),
             *(
-                Route(post, f"/{name}", self._verb(name, verb), max_body=limits.verb_body)
+                Route(post, f"/{name}", self._verb(name, verb), max_body=limits.verb_body, verb=True)
                 for name, verb in verbs.items()
             ),
         ]
@@ -266,7 +273,7 @@ class Server(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
 
 
 def _resource(prefix: str) -> str:
@@ -320,6 +327,19 @@ class _Handler(BaseHTTPRequestHandler):
     server: Server
 
     def setup(self) -> None:
+        if self.server.tls is not None:
+            # The handshake runs here, in the connection's own thread, within the read timeout:
+            # a client that never finishes it holds one thread for seconds, never the acceptor.
+            raw = self.request
+            raw.settimeout(self.server.limits.read_timeout_s)
+            tls = self.server.tls.context().wrap_socket(raw, server_side=True, do_handshake_on_connect=False)
+            try:
+                tls.do_handshake()
+            except (OSError, ssl.SSLError):
+                self.server.metrics.errors.labels("server", "tls-handshake").inc()
+                tls.close()
+                raise
+            self.request = tls
         super().setup()
         self.rfile.close()  # the socket's own reader: replaced by one with a deadline
         self.reader = _DeadlineReader(self.connection, self.server.limits.idle_timeout_s)
@@ -331,6 +351,8 @@ class _Handler(BaseHTTPRequestHandler):
     def finish(self) -> None:
         self.server.track(self.connection, open_=False)
         super().finish()
+        if isinstance(self.connection, ssl.SSLSocket):
+            self.connection.close()  # the server closes the plain socket it accepted, not this one
 
     def handle_one_request(self) -> None:
         """Wait (idle timeout) for the next request's first byte, then read it all by one
@@ -402,6 +424,13 @@ class _Handler(BaseHTTPRequestHandler):
         if route is None:
             self._send(self._no_route(method, path))
             return
+        if route.verb and self.server.tls is not None and not self._verified_client():
+            self.server.metrics.errors.labels(path.strip("/"), "no-client-certificate").inc()
+            log.warning("verb refused: no client certificate", path=path[:64], client=self.client_address[0])
+            self._send(
+                Reply.json(401, {"Error": "the verbs need a client certificate the extender's client CA signed"})
+            )
+            return
         rest = path[len(route.path.rstrip("/")) :] if route.prefix else ""
         access = route.access(method, rest)
         if access is not None:
@@ -416,6 +445,13 @@ class _Handler(BaseHTTPRequestHandler):
             sent = time.perf_counter()
             phases = {"read": read - self.first_byte, **reply.phases, "write": sent - sending}
             self.server.metrics.observe_phases(reply.verb, {**phases, "server": sent - self.first_byte})
+
+    def _verified_client(self) -> bool:
+        """A client certificate was sent and verified against the client CA (CERT_OPTIONAL
+        fails the handshake for one that does not verify, and `getpeercert` is empty without
+        one)."""
+        tls = self.server.tls
+        return tls is not None and tls.verifies_clients and bool(self.connection.getpeercert())
 
     def _authorize(self, access: Access) -> Denied | None:
         authorizer = self.server.authorizer

@@ -47,6 +47,7 @@ from deploy.local.nodes import (
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME, state_dir
 from deploy.local.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
+    ExtenderTLS,
     ManagedResource,
     SchedulerSettings,
 )
@@ -194,14 +195,18 @@ class LocalCluster:
         managed_resources: Sequence[ManagedResource] = (),
         scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
         ignored_resources: Sequence[str] = (),
+        extender_tls: ExtenderTLS | None = None,
     ) -> None:
-        """Restart kube-scheduler, stock (``extender_url=None``) or calling the extender.
+        """Restart kube-scheduler, stock (``extender_url=None``) or calling the extender
+        (over HTTPS with ``extender_tls``: kube-scheduler's client certificate and the CA of
+        the extender's).
 
         ``managed_resources`` narrows which pods the extender sees (default: all);
         ``ignored_resources`` are skipped by NodeResourcesFit (e.g. :data:`HAMI_RESOURCES`);
         ``scheduler_names`` gives one profile per name.
         """
         settings = _settings(extender_url, managed_resources, scheduler_names, ignored_resources)
+        settings = replace(settings, extender_tls=extender_tls)
         with locked(self.layout):
             self._restart_scheduler(self._require_record(), settings)
 

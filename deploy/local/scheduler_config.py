@@ -37,6 +37,16 @@ class ManagedResource:
     ignored_by_scheduler: bool = False
 
 
+@dataclass(frozen=True)
+class ExtenderTLS:
+    """kube-scheduler's side of an HTTPS extender: its client certificate and key, and the CA
+    that signed the extender's serving certificate."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+
+
 def extender_config(
     url: str,
     *,
@@ -44,9 +54,11 @@ def extender_config(
     http_timeout: str = "30s",
     weight: int = 1,
     ignorable: bool = False,
+    tls: ExtenderTLS | None = None,
 ) -> dict[str, Any]:
-    """Return one ``extenders`` entry for the Phalanx extender at ``url`` (its URL prefix)."""
-    return {
+    """Return one ``extenders`` entry for the Phalanx extender at ``url`` (its URL prefix);
+    with ``tls``, kube-scheduler verifies the extender's certificate and presents its own."""
+    entry = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
@@ -59,6 +71,9 @@ def extender_config(
         "httpTimeout": http_timeout,
         "managedResources": [{"name": r.name, "ignoredByScheduler": r.ignored_by_scheduler} for r in managed_resources],
     }
+    if tls is not None:
+        entry["tlsConfig"] = {"certFile": tls.cert_file, "keyFile": tls.key_file, "caFile": tls.ca_file}
+    return entry
 
 
 def scheduler_config(
@@ -109,12 +124,15 @@ class SchedulerSettings:
     managed_resources: tuple[ManagedResource, ...] = ()
     scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,)
     ignored_resources: tuple[str, ...] = ()
+    extender_tls: ExtenderTLS | None = None
 
     def render(self, kubeconfig: Path) -> str:
         """Return the configuration file's text (stable, so two renders compare equal)."""
         extender = None
         if self.extender_url:
-            extender = extender_config(self.extender_url, managed_resources=self.managed_resources)
+            extender = extender_config(
+                self.extender_url, managed_resources=self.managed_resources, tls=self.extender_tls
+            )
         config = scheduler_config(
             kubeconfig,
             extender=extender,
