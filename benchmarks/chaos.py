@@ -605,7 +605,8 @@ def gang_trial(h: Harness, fault: Fault, pair: list[str]) -> KillTrial:
 def ext_json(h: Harness, path: str) -> Any:
     """GET the extender's read API; None when it does not answer with JSON."""
     try:
-        with urllib.request.urlopen(f"{h.ext.url}{path}", timeout=10) as r:
+        request = urllib.request.Request(f"{h.ext.url}{path}", headers=ADMIN)  # reads need a token too
+        with urllib.request.urlopen(request, timeout=10) as r:
             return json.loads(r.read())
     except (OSError, ValueError):
         return None
@@ -1096,7 +1097,8 @@ def catalogue(rng: random.Random, nodes: list[str]) -> Iterator[Shot]:
             yield _framing(rng, verb, kind, nodes)
     for prefix in READS:
         for tail in (rng.choice(nodes), *TAILS):
-            yield Shot(f"GET {prefix}*", _request("GET", prefix + tail))
+            # With the operator's token, so the hostile paths reach the handlers behind the check.
+            yield Shot(f"GET {prefix}*", _request("GET", prefix + tail, b"", ADMIN))
     for path in PATHS:
         for method in METHODS:
             yield Shot(f"{method} {path}", _request(method, path, b"{}" if method in ("POST", "PUT") else b""))
@@ -1351,7 +1353,8 @@ def malformed_http(h: Harness, n: int, *, slow: int, hold_s: float) -> dict[str,
 
 def _delete_chaos_types(h: Harness) -> None:
     with contextlib.suppress(OSError, ValueError):
-        with urllib.request.urlopen(f"{h.ext.url}/api/v1/workload-types", timeout=30) as r:
+        listing = urllib.request.Request(f"{h.ext.url}/api/v1/workload-types", headers=ADMIN)
+        with urllib.request.urlopen(listing, timeout=30) as r:
             listed = json.loads(r.read()).get("workloadTypes") or []
         for wt in listed:
             if wt.get("group") == "chaos.phalanx.io":

@@ -71,7 +71,7 @@ def kwok_session(
 
 
 def http_json(method: str, url: str, kube: RestKube | None = None) -> Any:
-    """One call to the extender; a write carries `kube`'s token (writes are authorised)."""
+    """One call to the extender's REST API with `kube`'s token (every call is authorised)."""
     headers = {"Authorization": kube.headers["Authorization"]} if kube and "Authorization" in kube.headers else {}
     with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=10) as r:
         return json.loads(r.read())

@@ -487,7 +487,7 @@ def run_cluster(
                 started = time.monotonic()
                 results = trials(b, n_trials, wave)
                 trials_s = time.monotonic() - started
-                gang_stats = http_json("GET", f"{ext_url}/api/v1/stats")
+                gang_stats = http_json("GET", f"{ext_url}/api/v1/stats", kube)
         finally:
             watch.stop.set()
     return ClusterResult(nodes, runs, mixed, results, trials_s, gang_stats)

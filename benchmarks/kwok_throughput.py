@@ -243,7 +243,7 @@ def one_round(
         print(f"kube-scheduler metrics not read: {e}", flush=True)
         result["scheduler_ms"] = {}
     if mode == "phalanx":
-        result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
+        result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats", kube)["latency"]
     delete_pods(kube, scheduler)
     return result
 
@@ -288,7 +288,7 @@ def paced_round(
     while len(watch.bound) < total and time.monotonic() < deadline:
         time.sleep(0.2)
     watch.stop.set()
-    latency = http_json("GET", f"{ext_url}/api/v1/stats")["latency"]
+    latency = http_json("GET", f"{ext_url}/api/v1/stats", kube)["latency"]
     delete_pods(kube, scheduler)
     return {"pods": total, "bound": len(watch.bound), "rate": rate_per_s, "latency": latency}
 

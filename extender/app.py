@@ -41,6 +41,7 @@ from extender.gangs.sources import (
     VOLCANO_POD_GROUP,
     WORKLOAD,
     GangObjects,
+    definition_spec,
 )
 from extender.kube import ApiError, Kube
 from extender.metrics import Metrics
@@ -212,6 +213,9 @@ class Extender:
         changed = {name for name, rv in versions.items() if before.get(name) != rv}
         if changed:
             self.gangs.definitions_changed(changed)
+        for obj in items:
+            if _ns_name(obj) not in before:
+                self._seen(kind, obj)
 
     def _report_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
         """A pod with a request or device record Phalanx cannot use gets a Warning Event naming
@@ -240,6 +244,16 @@ class Extender:
         self.gang_objects.event(kind, event, obj)
         meta = obj.get("metadata") or {}
         self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+        if event == "ADDED":
+            self._seen(kind, obj)
+
+    def _seen(self, kind: tuple[str, str], obj: dict[str, Any]) -> None:
+        """A new Workload or PodGroup without a status: say what it waits for from the start."""
+        if (obj.get("status") or {}).get("conditions") or (obj.get("status") or {}).get("phase"):
+            return
+        spec = definition_spec(self.gang_objects, kind, obj)
+        if spec is not None and spec.enabled:
+            self.gangs.seen(spec)
 
     def _sweep(self) -> None:
         ticks = 0

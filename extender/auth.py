@@ -1,10 +1,11 @@
-"""Who may change what through the extender's REST API: Kubernetes tokens and RBAC.
+"""Who may read or change what through the extender's REST API: Kubernetes tokens and RBAC.
 
-Every write (`POST`/`DELETE /api/v1/workload-types`, `DELETE /api/v1/stats`) carries
-`Authorization: Bearer <token>`, a token the API server issued (a service account's, a user's).
-The API server says who it is (TokenReview) and whether RBAC lets that user do the write
-(SubjectAccessReview on a `phalanx.io` resource, e.g. `create workloadtypes`), so operators
-grant it with an ordinary ClusterRole:
+Every `/api/v1` call carries `Authorization: Bearer <token>`, a token the API server issued (a
+service account's, a user's). The API server says who it is (TokenReview) and whether RBAC lets
+that user make the call (SubjectAccessReview: `create`/`delete` for writes, `get` for one object
+and `list` for a collection for reads, on a `phalanx.io` resource such as `workloadtypes` or
+`gangs`, namespaced for gangs, or on core `nodes` for the node view), so operators grant it with
+ordinary ClusterRoles (deploy/kubernetes ships `phalanx-viewer` and `phalanx-operator`):
 
     rules:
       - apiGroups: [phalanx.io]
@@ -35,18 +36,24 @@ log = structlog.get_logger("phalanx.auth")
 GROUP = "phalanx.io"
 #: The RBAC verb of each HTTP method that changes something.
 WRITE_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+READ_METHODS = ("GET", "HEAD")
 
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """One write as RBAC sees it: `verb` on `phalanx.io/<resource>` (named `name`, or all)."""
+    """One call as RBAC sees it: `verb` on `<group>/<resource>` (named `name`, or all; in
+    `namespace`, or cluster-wide). Phalanx's own resources are in `phalanx.io`; a read of what
+    the API server holds too (nodes) is checked against the API server's own resource."""
 
     verb: str
     resource: str
     name: str = ""
+    group: str = GROUP
+    namespace: str = ""
 
     def __str__(self) -> str:
-        return f"{self.verb} {GROUP}/{self.resource}" + (f" {self.name!r}" if self.name else "")
+        what = f"{self.verb} {self.group + '/' if self.group else ''}{self.resource}"
+        return what + (f" {self.name!r}" if self.name else "") + (f" in {self.namespace!r}" if self.namespace else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +98,8 @@ class KubeAuthorizer:
             user = self._cached(("user", digest), lambda: self._review(token))
             if user is None:
                 return Denied(401, "the API server did not authenticate this token")
-            allowed, reason = self._cached(
-                ("sar", digest, access.verb, access.resource, access.name), lambda: self._allowed(user, access)
-            )
+            key = ("sar", digest, access.verb, access.group, access.resource, access.namespace, access.name)
+            allowed, reason = self._cached(key, lambda: self._allowed(user, access))
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("credentials not verified", error=str(e))
             return Denied(503, f"cannot verify credentials now: {e}")
@@ -128,9 +134,11 @@ class KubeAuthorizer:
         return User(str(u.get("username", "")), str(u.get("uid", "")), tuple(map(str, u.get("groups") or ())), extra)
 
     def _allowed(self, user: User, access: Access) -> tuple[bool, str]:
-        attributes = {"group": GROUP, "resource": access.resource, "verb": access.verb}
+        attributes = {"group": access.group, "resource": access.resource, "verb": access.verb}
         if access.name:
             attributes["name"] = access.name
+        if access.namespace:
+            attributes["namespace"] = access.namespace
         spec = {
             "user": user.name,
             "uid": user.uid,

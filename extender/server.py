@@ -14,7 +14,7 @@ declares more than it sends holds its thread for seconds, not forever), the idle
 kept-alive connection, and the number of connections, each holding one thread (past it, a
 fast 503 and close). The handler's own time is not bounded here: bind waits at the gang gate.
 
-Writes to the REST API need a Kubernetes token whose user RBAC allows the write (`auth.py`).
+Every `/api/v1` call needs a Kubernetes token whose user RBAC allows it (`auth.py`).
 The verbs are for kube-scheduler: on the pod's loopback by default; on a TLS port with a client
 CA (`tls.py`), only for a client whose certificate that CA signed (401 otherwise).
 """
@@ -33,12 +33,13 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from extender.auth import WRITE_VERBS, Access, Authorizer, Denied
+from extender.auth import GROUP, READ_METHODS, WRITE_VERBS, Access, Authorizer, Denied
 from extender.errors import BadRequest, NotReady
 from extender.metrics import Metrics
 from extender.tls import ServerTLS
@@ -108,18 +109,28 @@ class Route:
     handler: Handler
     prefix: bool = False  # also serves every path below `path` + "/"
     max_body: int = 0  # bytes of body it reads; 0: none expected (up to IGNORED_BODY dropped)
-    # The phalanx.io resource its writes change: a write (POST, PUT, PATCH, DELETE) needs a
-    # token whose user RBAC allows that verb on it (`auth.py`). "": no authorisation (verbs,
-    # reads, health).
-    writes: str = ""
+    # The RBAC resource it serves (`auth.py`): every call needs a token whose user RBAC allows
+    # the call's verb on it (GET: `get` one object, `list` the collection; writes: create,
+    # update, patch, delete). "": open (verbs, health, metrics).
+    rbac: str = ""
+    group: str = GROUP
+    namespaced: bool = False  # the path below the route is <namespace>[/<name>]
     # A verb: on a TLS server with a client CA, only for a client with a verified certificate.
     verb: bool = False
 
     def access(self, method: str, rest: str) -> Access | None:
-        verb = WRITE_VERBS.get(method)
-        if not self.writes or verb is None:
+        if not self.rbac:
             return None
-        return Access(verb, self.writes, rest.strip("/"))
+        parts = [unquote(p) for p in rest.strip("/").split("/") if p]
+        namespace = parts.pop(0) if self.namespaced and parts else ""
+        name = "/".join(parts)
+        if method in READ_METHODS:
+            verb = "get" if name else "list"
+        elif method in WRITE_VERBS:
+            verb = WRITE_VERBS[method]
+        else:
+            return None
+        return Access(verb, self.rbac, name, self.group, namespace)
 
     def matches(self, method: str, path: str) -> bool:
         if method not in self.methods:
@@ -161,13 +172,15 @@ class Server(ThreadingHTTPServer):
             Route(get, "/healthz", lambda m, p, b: Reply(200, b"ok", "text/plain")),
             Route(get, "/readyz", self._readyz),
             Route(get, "/metrics", lambda m, p, b: Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)),
-            Route(get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()})),
-            Route(delete, "/api/v1/stats", self._reset_stats, writes="stats"),
+            Route(
+                get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()}), rbac="stats"
+            ),
+            Route(delete, "/api/v1/stats", self._reset_stats, rbac="stats"),
             *(
-                Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body, writes=_resource(prefix))
+                Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body, rbac=_resource(prefix))
                 for prefix, api in (apis or {}).items()
             ),
-            *(Route(get, prefix, _read(read), prefix=True) for prefix, read in (reads or {}).items()),
+            *(_read_route(prefix, read) for prefix, read in (reads or {}).items()),
             *(
                 Route(post, f"/{name}", self._verb(name, verb), max_body=limits.verb_body, verb=True)
                 for name, verb in verbs.items()
@@ -211,6 +224,9 @@ class Server(ThreadingHTTPServer):
     def _readyz(self, method: str, path: str, body: bytes) -> Reply:
         ok = self.ready()
         return Reply(200 if ok else 503, b"ok" if ok else b"cache not synced", "text/plain")
+
+    def _stats(self, method: str, path: str, body: bytes) -> Reply:
+        return Reply.json(200, {"latency": self.metrics.percentiles()})
 
     def _reset_stats(self, method: str, path: str, body: bytes) -> Reply:
         self.metrics.reset_samples()
@@ -279,6 +295,20 @@ class Server(ThreadingHTTPServer):
 def _resource(prefix: str) -> str:
     """The RBAC resource of a REST collection: "/api/v1/workload-types" -> "workloadtypes"."""
     return prefix.rstrip("/").rsplit("/", 1)[-1].replace("-", "")
+
+
+#: What a read of the API server's own objects is checked against; the rest are phalanx.io's.
+CORE_READS = {"nodes"}
+NAMESPACED_READS = {"gangs"}
+
+
+def _read_route(prefix: str, read: Read) -> Route:
+    resource = _resource(prefix)
+    group = "" if resource in CORE_READS else GROUP
+    return Route(
+        frozenset({"GET"}), prefix, _read(read), prefix=True, rbac=resource, group=group,
+        namespaced=resource in NAMESPACED_READS,
+    )  # fmt: skip
 
 
 def _read(read: Read) -> Handler:
@@ -456,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _authorize(self, access: Access) -> Denied | None:
         authorizer = self.server.authorizer
         if authorizer is None:
-            return Denied(403, f"writes are disabled: this server has no authorizer ({access})")
+            return Denied(403, f"the REST API is closed: this server has no authorizer ({access})")
         try:
             denied = authorizer.check(self.headers.get("Authorization"), access)
         except Exception as e:  # an authorizer fault refuses the write, never serves it
@@ -464,7 +494,7 @@ class _Handler(BaseHTTPRequestHandler):
             denied = Denied(503, f"cannot verify credentials now: {e}")
         if denied is not None:
             self.server.metrics.errors.labels("api", f"auth-{denied.status}").inc()
-            log.warning("write refused", access=str(access), status=denied.status, reason=denied.message)
+            log.warning("call refused", access=str(access), status=denied.status, reason=denied.message)
         return denied
 
     def _length(self, limit: int) -> int | None:

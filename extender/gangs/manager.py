@@ -90,6 +90,7 @@ class GangState:
     bound_uids: set[str] = field(default_factory=set)  # members this process bound
     parked: set[str] = field(default_factory=set)  # members told "not yet": kube-scheduler parked them
     preemption: tuple[tuple[int, int], bool, float] | None = None  # ((members, priority), helps, until)
+    quorum_noted: str = ""  # the last "waiting for gang quorum n/m" written to the gang's status
 
 
 class GangManager:
@@ -167,6 +168,7 @@ class GangManager:
             pods = self.membership.member_pods(key)
             shortfall = requests.quorum_shortfall(spec, pods)
             if shortfall:  # no eviction helps: the members do not exist yet
+                self._note_quorum(state, spec, shortfall)
                 state.reason = shortfall
                 state.parked.add(pod.uid)
                 return Verdict.unresolvable(state.reason)
@@ -509,6 +511,21 @@ class GangManager:
                 state.phase = GangPhase.SCHEDULED
                 state.deadline = 0.0
                 self.notify(state.spec, "Scheduled", state.summary.replace("planned", "bound", 1), "Normal")
+
+    def seen(self, spec: GangSpec) -> None:
+        """A gang's definition appeared (a Workload, a PodGroup): its status says at once how
+        many members it waits for, before any member reaches kube-scheduler."""
+        shortfall = requests.quorum_shortfall(spec, self.membership.member_pods(spec.key))
+        if shortfall:
+            with self.lock:
+                state = self.gangs.setdefault(spec.key, GangState(spec.key))
+                self._note_quorum(state, spec, shortfall)
+
+    def _note_quorum(self, state: GangState, spec: GangSpec, shortfall: str) -> None:
+        """Status (no Event: one per arriving member would flood) whenever n/m changes."""
+        if state.quorum_noted != shortfall:
+            state.quorum_noted = shortfall
+            self.notify(spec, "WaitingForQuorum", shortfall, "Normal")
 
     # ------------------------------------------------------------------ housekeeping
 

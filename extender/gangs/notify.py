@@ -1,11 +1,14 @@
 """Gang Events and status, written off the hot path by one background thread.
 
 Each step of a gang (planned, unschedulable, released, scheduled) becomes an Event on the
-defining object, and its status: a Phalanx Workload gets `status.phase`, `status.placement`
-and `status.pendingReason`; a scheduling.k8s.io PodGroup gets the condition kube-scheduler
-writes, at the object's own version: v1beta1's `PodGroupInitiallyScheduled` (True once
-scheduled, then terminal; False with reason Unschedulable before that) or v1alpha2's
-`PodGroupScheduled` (the current state).
+defining object, and its status; waiting for quorum (n/m members) is status only, from the
+moment the definition appears. A Phalanx Workload gets `status.phase`, `status.placement`,
+`status.pendingReason` and three conditions: `Scheduled`, `Unschedulable` (the reason) and
+`WaitingForQuorum` (n/m), each with the time it last changed. A scheduling.k8s.io PodGroup gets
+the condition kube-scheduler writes, at the object's own version: v1beta1's
+`PodGroupInitiallyScheduled` (True once scheduled, then terminal; False with reason
+Unschedulable or WaitingForQuorum before that) or v1alpha2's `PodGroupScheduled` (the current
+state).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import Any
 import structlog
 
 from extender.binder import Binder
+from extender.gangs.requests import WAITING_QUORUM
 from extender.gangs.sources import INITIALLY_SCHEDULED, NATIVE_POD_GROUP, WORKLOAD, GangSpec
 
 log = structlog.get_logger("phalanx.gangs.notify")
 
 
 PLAN_ANNOTATION = "phalanx.io/gang-plan"
+WAITING = "WaitingForQuorum"
 
 
 class Notifier:
@@ -42,6 +47,7 @@ class Notifier:
         self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
         self.nudges: queue.Queue[tuple[str, str, str | None, str | None, int]] = queue.Queue(maxsize=100_000)
         self._nominate_refused = False
+        self._transitions: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> condition -> (status, since)
         # Several writers: a 512-member gang is woken in well under a second, not one by one.
         self.nudgers = [
             threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(8)
@@ -123,7 +129,8 @@ class Notifier:
         while True:
             spec, reason, message, kind, tries = self.queue.get()
             try:
-                self.binder.event(spec.owner, reason=f"Gang{reason}", message=message, kind=kind)
+                if reason != WAITING:
+                    self.binder.event(spec.owner, reason=f"Gang{reason}", message=message, kind=kind)
                 self._status(spec, reason, message)
                 failures = 0
             except Exception as e:
@@ -148,11 +155,12 @@ class Notifier:
             status: dict[str, Any] = {"phase": phase, "pendingReason": "" if phase != "Pending" else message}
             if reason in ("Planned", "Scheduled"):
                 status["placement"] = message
+            status["conditions"] = self._conditions(spec.key, reason, message)
             path = f"/apis/phalanx.io/v1alpha1/namespaces/{meta['namespace']}/workloads/{meta['name']}/status"
             self.binder.kube.request(
                 "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
             )
-        elif spec.source == NATIVE_POD_GROUP and reason in ("Scheduled", "Unschedulable", "Released"):
+        elif spec.source == NATIVE_POD_GROUP and reason in ("Scheduled", "Unschedulable", "Released", WAITING):
             api_version = str(spec.owner.get("apiVersion") or "scheduling.k8s.io/v1beta1")
             if api_version.endswith("/v1alpha2"):
                 kind = "PodGroupScheduled"  # 1.36: tracks the current state
@@ -164,7 +172,7 @@ class Notifier:
             condition = {
                 "type": kind,
                 "status": "True" if reason == "Scheduled" else "False",
-                "reason": "Scheduled" if reason == "Scheduled" else "Unschedulable",
+                "reason": reason if reason in ("Scheduled", WAITING) else "Unschedulable",
                 "message": message[:1024],
                 "lastTransitionTime": now,
             }
@@ -177,6 +185,42 @@ class Notifier:
                 body={"status": {"conditions": [condition]}},
                 content_type="application/strategic-merge-patch+json",
             )
+
+    def _conditions(self, key: str, reason: str, message: str) -> list[dict[str, str]]:
+        """The Workload's three conditions for this step; a condition whose status did not
+        change keeps its lastTransitionTime (the whole list is written: merge patch replaces
+        lists)."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        unschedulable = reason in ("Unschedulable", "Released", "Invalid")
+        states = {
+            "Scheduled": (reason == "Scheduled", reason, message if reason in ("Planned", "Scheduled") else ""),
+            "Unschedulable": (
+                unschedulable,
+                reason if unschedulable else "Schedulable",
+                message if unschedulable else "",
+            ),
+            WAITING: (reason == WAITING, WAITING if reason == WAITING else "QuorumReached", _members(message)),
+        }
+        before = self._transitions.setdefault(key, {})
+        if len(self._transitions) > 50_000:
+            self._transitions.pop(next(iter(self._transitions)))
+        conditions = []
+        for kind, (on, why, text) in states.items():
+            status = "True" if on else "False"
+            since = before.get(kind)
+            if since is None or since[0] != status:
+                since = before[kind] = (status, now)
+            conditions.append(
+                {"type": kind, "status": status, "reason": why, "message": text[:1024], "lastTransitionTime": since[1]}
+            )
+        return conditions
+
+
+def _members(message: str) -> str:
+    """ "waiting for gang quorum 3/4" -> "3/4 members" (the n/m of a quorum message)."""
+    if not message.startswith(WAITING_QUORUM):
+        return ""
+    return message.removeprefix(WAITING_QUORUM).strip() + " members"
 
 
 def _backoff(failures: int, message: str, **fields: Any) -> int:

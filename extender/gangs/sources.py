@@ -134,6 +134,18 @@ class GangObjects:
             return self.objects.get(kind, {}).get(f"{namespace}/{name}")
 
 
+def definition_spec(objects: GangObjects, kind: tuple[str, str], obj: JSON) -> GangSpec | None:
+    """The gang a Workload (its first gang group) or a scheduling.k8s.io PodGroup defines, as a
+    member would resolve it; None for other kinds or an invalid object."""
+    meta = obj.get("metadata") or {}
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+    if kind == WORKLOAD:
+        return _workload(objects, namespace, {WORKLOAD_LABEL: name}).spec
+    if kind == NATIVE_POD_GROUP:
+        return _native(objects, namespace, name).spec
+    return None
+
+
 def _ns_name(obj: JSON) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -443,3 +443,28 @@ def test_a_lone_high_priority_member_of_an_absent_gang_evicts_nothing(
     finally:
         delete_pods(kube, "role in (filler,storm)")
         kube.request("DELETE", f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/storm")
+
+
+def test_a_workload_says_what_it_waits_for_from_the_moment_it_is_seen(
+    extender: dict[str, Extender], kube: RestKube
+) -> None:
+    path = f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/quorum"
+
+    def condition(kind: str) -> dict[str, Any]:
+        conditions = kube.request("GET", path).body.get("status", {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind), {})
+
+    workload(kube, "quorum", 4)
+    waiting = wait("WaitingForQuorum 0/4", lambda: (c := condition("WaitingForQuorum")).get("status") == "True" and c)
+    assert waiting["message"] == "0/4 members"
+    for i in range(2):
+        member(kube, f"quorum-{i}", {"phalanx.io/workload": "quorum"}, gpus=1)
+    wait("WaitingForQuorum 2/4", lambda: condition("WaitingForQuorum").get("message") == "2/4 members")
+    assert condition("Scheduled")["status"] == "False"
+    for i in range(2, 4):
+        member(kube, f"quorum-{i}", {"phalanx.io/workload": "quorum"}, gpus=1)
+    wait("4 members bound", lambda: len(bound(kube, "phalanx.io/workload=quorum")) == 4)
+    wait("Scheduled", lambda: condition("Scheduled").get("status") == "True")
+    assert condition("WaitingForQuorum")["status"] == "False"
+    assert condition("Unschedulable")["status"] == "False"
+    delete_pods(kube, "phalanx.io/workload=quorum")

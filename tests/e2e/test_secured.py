@@ -84,5 +84,6 @@ def test_kube_scheduler_binds_through_the_https_verbs_and_a_forged_bind_is_refus
     context = ssl.create_default_context(cafile=str(secured["ca"]))
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10, context=context)
+    refused.value.close()
     assert refused.value.code == 401
     assert not kube.request("GET", f"/api/v1/namespaces/{NS}/pods/forged").body["spec"].get("nodeName")

@@ -82,7 +82,10 @@ class FakeKube:
             status = {"authenticated": True, "user": {"username": user, "groups": []}} if user else {}
             return Response(201, {**body, "status": status})
         if method == "POST" and path == "/apis/authorization.k8s.io/v1/subjectaccessreviews":
-            allowed = body["spec"]["user"] == "admin"
+            # admin: anything; viewer: reads, except in the namespace "private".
+            spec, attributes = body["spec"], body["spec"]["resourceAttributes"]
+            reads = attributes["verb"] in ("get", "list") and attributes.get("namespace") != "private"
+            allowed = spec["user"] == "admin" or (spec["user"] == "viewer" and reads)
             return Response(201, {**body, "status": {"allowed": allowed, "reason": "" if allowed else "no RBAC rule"}})
         return Response(404, {"message": f"no fake route {method} {path}"})
 

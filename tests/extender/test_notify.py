@@ -37,3 +37,60 @@ def test_a_queued_member_is_only_nominated_and_a_release_clears_it() -> None:
     assert patches(kube, 1) == [("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": "n3"}})]
     notifier.nudge("default", "a", None, nominate="")
     assert patches(kube, 2)[1] == ("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": None}})
+
+
+WORKLOAD_OBJ = {
+    "apiVersion": "phalanx.io/v1alpha1",
+    "kind": "Workload",
+    "metadata": {"name": "w", "namespace": "default", "uid": "uid-w"},
+    "spec": {"gangGroups": [{"name": "g", "minCount": 4, "rankedGroups": [{"name": "r", "eqGroups": [{"count": 4}]}]}]},
+}
+
+
+def conditions(body: object) -> dict[str, dict[str, str]]:
+    assert isinstance(body, dict)
+    return {c["type"]: c for c in body["status"]["conditions"]}
+
+
+def test_a_workload_says_how_many_members_it_waits_for_the_moment_it_is_seen() -> None:
+    from extender.app import Extender, Options
+    from extender.gangs.sources import WORKLOAD
+
+    kube = FakeKube()
+    ext = Extender(kube, Options(port=0))
+    try:
+        ext._definition_event(WORKLOAD, "ADDED", WORKLOAD_OBJ)  # no member exists yet
+        path, body = patches(kube, 1)[0]
+        assert path == "/apis/phalanx.io/v1alpha1/namespaces/default/workloads/w/status"
+        waiting = conditions(body)["WaitingForQuorum"]
+        assert (waiting["status"], waiting["reason"], waiting["message"]) == ("True", "WaitingForQuorum", "0/4 members")
+        assert conditions(body)["Scheduled"]["status"] == "False"
+        assert not [c for c in kube.calls if c[1].endswith("/events")]  # status only: no Event per member
+        ext._definition_event(WORKLOAD, "ADDED", {**WORKLOAD_OBJ, "status": {"phase": "Scheduled"}})
+        time.sleep(0.2)
+        assert len(patches(kube, 1)) == 1  # one with a status already (a restart's re-list) is left alone
+    finally:
+        ext.server.server_close()
+
+
+def test_conditions_keep_their_transition_time_until_their_status_changes() -> None:
+    from extender.gangs.sources import WORKLOAD, GangObjects, _workload
+
+    kube = FakeKube()
+    objects = GangObjects()
+    objects.event(WORKLOAD, "ADDED", WORKLOAD_OBJ)
+    spec = _workload(objects, "default", {"phalanx.io/workload": "w"}).spec
+    assert spec is not None
+    notifier = Notifier(Binder(kube))
+    notifier(spec, "WaitingForQuorum", "waiting for gang quorum 3/4", "Normal")
+    first = conditions(patches(kube, 1)[0][1])
+    notifier._transitions[spec.key] = {
+        k: (v[0], "2020-01-01T00:00:00Z") for k, v in notifier._transitions[spec.key].items()
+    }
+    notifier(spec, "Scheduled", "bound: 4 members in rack r1", "Normal")
+    second = conditions(patches(kube, 2)[1][1])
+    assert first["WaitingForQuorum"]["message"] == "3/4 members"
+    assert second["WaitingForQuorum"]["status"] == "False" and second["Scheduled"]["status"] == "True"
+    assert second["Scheduled"]["lastTransitionTime"] != "2020-01-01T00:00:00Z"  # changed: now
+    assert second["Unschedulable"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"  # False before and after
+    assert [c[1] for c in kube.calls if c[1].endswith("/events")] == ["/api/v1/namespaces/default/events"]

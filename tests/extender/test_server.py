@@ -12,7 +12,7 @@ import pytest
 
 from extender.app import Extender, Options
 from extender.objects import DEVICES_ANNOTATION
-from tests.extender.fakes import FakeKube, node, pod, serving
+from tests.extender.fakes import ADMIN, FakeKube, node, pod, serving
 
 
 @pytest.fixture
@@ -27,7 +27,10 @@ def ext() -> Iterator[tuple[Extender, FakeKube]]:
 
 def call(extender: Extender, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(extender.server.url + path, data=data, method="POST" if data is not None else "GET")
+    # The REST API takes an operator's token (FakeKube reviews it); the verbs ignore it.
+    req = urllib.request.Request(
+        extender.server.url + path, data=data, method="POST" if data is not None else "GET", headers=ADMIN
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             payload = r.read()

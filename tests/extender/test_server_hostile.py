@@ -23,6 +23,8 @@ from extender.server import Limits, Reply, Server
 from extender.verbs import PARSED_POD_BYTES
 from tests.extender.fakes import ADMIN, FakeKube, node, pod, serving
 
+VIEWER = {"Authorization": "Bearer viewer-token"}
+
 LIMITS = Limits(verb_body=2**20, api_body=2**16, read_timeout_s=0.5, idle_timeout_s=1.0, connections=16)
 SLACK_S = 3.0  # scheduling noise on a shared 2-core machine
 
@@ -418,11 +420,17 @@ WIDGET = b"name: Widget\ngroup: example.com\nresourceInterfaces: []"
             403,
             "stats",
         ),
-        ("reading needs no token", "GET", "/api/v1/workload-types", {}, 200, "workloadTypes"),
+        ("reading without a token", "GET", "/api/v1/workload-types", {}, 401, "list phalanx.io/workloadtypes"),
+        ("a viewer reads", "GET", "/api/v1/workload-types", VIEWER, 200, "workloadTypes"),
+        ("statistics without a token", "GET", "/api/v1/stats", {}, 401, "list phalanx.io/stats"),
+        ("nodes are checked as core nodes", "GET", "/api/v1/nodes/n0", {}, 401, "get nodes 'n0'"),
+        ("a viewer reads a node", "GET", "/api/v1/nodes/ghost", VIEWER, 404, "ghost"),
+        ("gangs in their namespace", "GET", "/api/v1/gangs/private/g", VIEWER, 403, "gangs 'g' in 'private'"),
+        ("a viewer lists gangs", "GET", "/api/v1/gangs", VIEWER, 200, "gangs"),
         ("the admin resets statistics", "DELETE", "/api/v1/stats", ADMIN, 200, "reset"),
     ],
 )
-def test_every_write_is_authenticated_and_authorised_and_reads_are_open(
+def test_every_api_call_is_authenticated_and_authorised(
     server: Server, case: str, method: str, path: str, headers: dict[str, str], status: int, fragment: str
 ) -> None:
     body = WIDGET if method == "POST" else None
