@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["dev"]))' > $(VENV)/requirements.txt
 	@$(PY) -m pip install -q -r $(VENV)/requirements.txt
+	@# `kubectl phalanx`: the [project.scripts] entry point, run from this tree (no build in the repo).
+	@printf '#!/bin/sh\nPYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" exec "$(PY)" -m extender.kubectl "$$@"\n' > $(VENV)/bin/kubectl-phalanx
+	@chmod +x $(VENV)/bin/kubectl-phalanx
 	@touch $@
 
 deps: $(STAMP)

@@ -79,6 +79,7 @@ class Counted:
     uid: str
     key: str | None  # namespace/name; None for a pod assumed but not seen by the watch
     assumed: bool
+    devices: tuple[DeviceAssignment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,8 +374,12 @@ class Cache:
             out = []
             for uid in sorted(self._on_node.get(node, set())):
                 pod = self._pods.get(uid)
-                if pod is not None or uid in self._assumed:
-                    out.append(Counted(uid, pod.key if pod is not None else None, uid in self._assumed))
+                assumed = self._assumed.get(uid)
+                if pod is not None or assumed is not None:
+                    devices = pod.devices if pod is not None and pod.devices is not None else ()
+                    if assumed is not None and not devices:
+                        devices = assumed.devices
+                    out.append(Counted(uid, pod.key if pod is not None else None, assumed is not None, devices))
             return out
 
     def changes_since(self, epoch: int, cursor: int) -> Changes:

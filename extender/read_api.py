@@ -58,7 +58,13 @@ class ReadApi:
         model = self.cache.node_model(name)
         if model is None:
             return 404, {"error": f"no node {name!r} in the cache"}
-        counted = [{"pod": c.key, "uid": c.uid, "assumed": c.assumed} for c in self.cache.counted(name)]
+        on_node = self.cache.counted(name)
+        counted = [{"pod": c.key, "uid": c.uid, "assumed": c.assumed} for c in on_node]
+        holders: dict[int, list[dict[str, Any]]] = {}
+        for c in on_node:
+            for a in c.devices:
+                holder = {"pod": c.key or c.uid, "milli": a.milli, "memoryMiB": a.memory_mib, "mig": a.mig_profile}
+                holders.setdefault(a.index, []).append(holder)
         free = model.free
         return 200, {
             "name": name,
@@ -67,12 +73,15 @@ class ReadApi:
             "gpus": [
                 {
                     "index": d.index,
+                    "model": d.model,
+                    "memoryMiB": d.memory_mib,
                     "freeMilli": d.free_milli,
                     "freeMemoryMiB": d.free_memory_mib,
                     "mig": {s.profile: s.free for s in d.mig},
                     "migLayout": [{"profile": s.profile, "start": s.start} for s in d.mig_layout],
                     "tflops": d.tflops / 1000,
                     "freeTFlops": d.free_tflops / 1000,
+                    "holders": holders.get(d.index, []),
                 }
                 for d in model.gpus
             ],

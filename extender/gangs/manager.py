@@ -624,4 +624,5 @@ class GangManager:
             "solveMs": round(state.solve_ms, 2),
             "plan": {planned[u]: r.node for u, r in state.plan.items() if u in planned},
             "nodes": {p.key: p.node for p in pods if p.node},
+            "pods": sorted(p.key for p in pods),
         }

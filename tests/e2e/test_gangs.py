@@ -6,6 +6,9 @@ is MIG (4 whole GPUs per node). Each test cleans up its own pods so capacity is 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -468,3 +471,60 @@ def test_a_workload_says_what_it_waits_for_from_the_moment_it_is_seen(
     assert condition("WaitingForQuorum")["status"] == "False"
     assert condition("Unschedulable")["status"] == "False"
     delete_pods(kube, "phalanx.io/workload=quorum")
+
+
+def test_kubectl_phalanx_explains_a_gang_that_cannot_fit_in_one_sentence(
+    extender: dict[str, Extender], kube: RestKube, cluster: LocalCluster
+) -> None:
+    from extender import kubectl
+
+    argv = ["--kubeconfig", str(cluster.kubeconfig_path), "--extender", extender["current"].server.url]
+    workload(kube, "huge", 10, required=RACK)
+    for i in range(10):
+        member(kube, f"huge-{i}", {"phalanx.io/workload": "huge"})
+    quorum = time.monotonic()
+
+    def explained() -> str:
+        out = io.StringIO()
+        assert kubectl.main([*argv, "explain", "workload", "huge"], out=out) == 0
+        text = out.getvalue()
+        return text if "within one rack" in text else ""
+
+    text = wait("kubectl phalanx explain names the constraint", explained)
+    print(f"explain showed the binding constraint {time.monotonic() - quorum:.2f} s after quorum")
+    first = text.splitlines()[0]
+    assert first.startswith("gang wl:default/huge: required topology does not fit: needs 80 GPUs within one rack;")
+    assert first.endswith("the largest rack has 64 GPUs free")
+    assert "to place it: free capacity inside one rack" in text
+    out = io.StringIO()
+    assert kubectl.main([*argv, "-o", "json", "explain", "pod", "huge-3"], out=out) == 0
+    assert json.loads(out.getvalue())["gang"] == "wl:default/huge"
+    out = io.StringIO()
+    assert kubectl.main([*argv, "status"], out=out) == 0
+    assert "wl:default/huge" in out.getvalue() and "POOL" in out.getvalue()
+    delete_pods(kube, "phalanx.io/workload=huge")
+
+
+def test_kubectl_phalanx_top_gpus_names_each_devices_holders(
+    extender: dict[str, Extender], kube: RestKube, cluster: LocalCluster
+) -> None:
+    from extender import kubectl
+
+    argv = ["--kubeconfig", str(cluster.kubeconfig_path), "--extender", extender["current"].server.url]
+    member(kube, "holder", {"suite": "gangs", "top": "yes"}, gpus=2)
+    node = wait("holder bound", lambda: (b := bound(kube, "top=yes")) and b[0]["spec"]["nodeName"])
+    out = io.StringIO()
+    assert kubectl.main([*argv, "-o", "json", "top", "gpus"], out=out) == 0
+    rows = [r for r in json.loads(out.getvalue())["gpus"] if r["node"] == node]
+    held = [r for r in rows if any(h["pod"] == "default/holder" for h in r["holders"])]
+    assert len(held) == 2 and all(r["share"] == 1.0 for r in held)
+    out = io.StringIO()
+    assert kubectl.main([*argv, "top", "gpus"], out=out) == 0
+    assert "default/holder" in out.getvalue()
+    # Without RBAC to read the extender: a clear error, not a stack trace.
+    err = io.StringIO()
+    bad = ["--kubeconfig", str(cluster.kubeconfig_path), "--extender", "http://127.0.0.1:9", "status"]
+    with contextlib.redirect_stderr(err):
+        assert kubectl.main(bad, out=io.StringIO()) == 1
+    assert "cannot reach the extender" in err.getvalue()
+    delete_pods(kube, "top=yes")
