@@ -12,6 +12,7 @@ from pathlib import Path
 
 from extender.app import Extender, Options
 from extender.kube import RestKube
+from extender.leader import LeaderOptions
 from extender.tls import TLSFiles
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -57,7 +58,24 @@ def main() -> None:
         help="CA of the clients allowed to call the verbs (kube-scheduler's tlsConfig.certFile); "
         "a verb call without a certificate it signed gets 401",
     )
+    ap.add_argument(
+        "--follow-scheduler-lease",
+        metavar="NAMESPACE/NAME",
+        help="HA: bind only while the kube-scheduler beside this extender holds this lease (its "
+        "leaderElection resourceNamespace/resourceName); every other replica refuses binds",
+    )
+    ap.add_argument(
+        "--scheduler-metrics-url",
+        default="https://127.0.0.1:10259/metrics",
+        help="where the kube-scheduler beside it serves /metrics (its leader_election_master_status)",
+    )
     args = ap.parse_args()
+    leader = None
+    if args.follow_scheduler_lease:
+        namespace, _, name = args.follow_scheduler_lease.partition("/")
+        if not namespace or not name:
+            ap.error(f"--follow-scheduler-lease {args.follow_scheduler_lease!r}: expected NAMESPACE/NAME")
+        leader = LeaderOptions(namespace, name, args.scheduler_metrics_url)
     if bool(args.tls_cert_file) != bool(args.tls_private_key_file):
         ap.error("--tls-cert-file and --tls-private-key-file go together")
     if args.client_ca_file and not args.tls_cert_file:
@@ -71,7 +89,8 @@ def main() -> None:
         )
     tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
     kube = RestKube.from_kubeconfig(args.kubeconfig)
-    extender = Extender(kube, Options(args.host, args.port, args.config_namespace, args.config_file, tls))
+    options = Options(args.host, args.port, args.config_namespace, args.config_file, tls, leader)
+    extender = Extender(kube, options)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())

@@ -44,6 +44,7 @@ from extender.gangs.sources import (
     definition_spec,
 )
 from extender.kube import ApiError, Kube
+from extender.leader import LeaderOptions, Leadership
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.pools import Hardware
@@ -71,6 +72,7 @@ class Options:
     config_namespace: str = "phalanx-system"
     config_file: Path | None = None
     tls: TLSFiles | None = None  # serve HTTPS (verbs only for clients the client CA signed)
+    leader: LeaderOptions | None = None  # HA: bind only while the kube-scheduler beside it leads
 
 
 class Extender:
@@ -80,7 +82,8 @@ class Extender:
         self.config = self._initial_config()
         self.metrics = Metrics()
         self.cache = Cache(self.config.topology.levels, Hardware(self.config.gpu))
-        self.binder = Binder(kube)
+        self.leadership: Leadership | None = None
+        self.binder = Binder(kube, fence=self._fence if options.leader else None)
         self.gang_objects = GangObjects()
         self.notifier = notifier = Notifier(self.binder)
         self.cache.on_pod_change(self._report_pod)
@@ -93,6 +96,8 @@ class Extender:
             self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
         )
         self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
+        if options.leader is not None:
+            self.leadership = Leadership(kube, options.leader, on_lost=self.gangs.release_all)
         self.workload_types = WorkloadTypes(
             kube,
             self.registry,
@@ -247,8 +252,15 @@ class Extender:
         if event == "ADDED":
             self._seen(kind, obj)
 
+    def _fence(self) -> str:
+        """ "" when this replica may bind now (HA: its kube-scheduler leads, confirmed lately)."""
+        return self.leadership.check() if self.leadership is not None else ""
+
     def _seen(self, kind: tuple[str, str], obj: dict[str, Any]) -> None:
-        """A new Workload or PodGroup without a status: say what it waits for from the start."""
+        """A new Workload or PodGroup without a status: say what it waits for from the start
+        (the leader only: a standby writes nothing)."""
+        if self.leadership is not None and not self.leadership.leading:
+            return
         if (obj.get("status") or {}).get("conditions") or (obj.get("status") or {}).get("phase"):
             return
         spec = definition_spec(self.gang_objects, kind, obj)
@@ -297,6 +309,8 @@ class Extender:
         for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             self._threads.append(r.start())
         self.dynamic.start()
+        if self.leadership is not None:
+            self.leadership.start()
         sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
         sweeper.start()
         self._threads.append(sweeper)
@@ -307,6 +321,8 @@ class Extender:
 
     def stop(self) -> None:
         self._stopping.set()
+        if self.leadership is not None:
+            self.leadership.stop()
         self.gangs.shutdown()
         for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
             r.stop()

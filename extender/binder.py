@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -24,13 +25,23 @@ log = structlog.get_logger("phalanx.binder")
 COMPONENT = "phalanx"
 
 
+class Fenced(Exception):
+    """A bind refused before it was sent: this replica may not bind now (`leader.py`)."""
+
+
 class Binder:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, fence: Callable[[], str] | None = None) -> None:
         self.kube = kube
+        # "" when this process may bind now, else why not (HA: only the confirmed leader).
+        self.fence = fence
 
     def bind(self, namespace: str, name: str, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
         """One call: the API server copies a Binding's annotations onto the pod as it sets the
-        node, so the device record and the binding land together or not at all."""
+        node, so the device record and the binding land together or not at all. The fencing
+        check runs right before it is sent."""
+        refusal = self.fence() if self.fence is not None else ""
+        if refusal:
+            raise Fenced(refusal)
         pod_path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if devices:

@@ -24,7 +24,7 @@ import orjson
 import structlog
 
 from extender import wire
-from extender.binder import Binder
+from extender.binder import Binder, Fenced
 from extender.cache import Cache
 from extender.config import PhalanxConfig
 from extender.eligibility import matches
@@ -355,7 +355,8 @@ class Verbs:
             return {"Error": f"pod {namespace}/{name} not found"}
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
-        refusal = self._may_bind(pod, node)
+        refusal = self.binder.fence() if self.binder.fence is not None else ""
+        refusal = refusal or self._may_bind(pod, node)
         if refusal:
             self.metrics.outcomes.labels("bind", "refused").inc()
             log.warning("bind refused", pod=pod.key, node=node, reason=refusal)
@@ -403,7 +404,9 @@ class Verbs:
     def _after_failed_bind(self, pod: PodInfo, node: str, error: Exception) -> str:
         """Whether a bind that raised is NOT_BOUND (the API server refused it), BOUND (it was
         committed and only the answer was lost) or UNKNOWN (the server cannot tell us now)."""
-        if isinstance(error, ApiError) and 400 <= error.status < 500 and error.status != 429:
+        if isinstance(error, Fenced) or (
+            isinstance(error, ApiError) and 400 <= error.status < 500 and error.status != 429
+        ):
             return NOT_BOUND
         try:
             current = self.binder.get_pod(pod.namespace, pod.name)

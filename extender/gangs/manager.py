@@ -512,6 +512,14 @@ class GangManager:
                 state.deadline = 0.0
                 self.notify(state.spec, "Scheduled", state.summary.replace("planned", "bound", 1), "Normal")
 
+    def release_all(self, reason: str) -> None:
+        """Drop every reservation (this replica stopped leading): members waiting at the gate
+        are answered at once, and whoever leads next plans them again."""
+        with self.lock:
+            for state in list(self.gangs.values()):
+                if state.plan:
+                    self._release(state, reason)
+
     def seen(self, spec: GangSpec) -> None:
         """A gang's definition appeared (a Workload, a PodGroup): its status says at once how
         many members it waits for, before any member reaches kube-scheduler."""

@@ -36,6 +36,7 @@ PATHS = {
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
     ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
@@ -159,7 +160,15 @@ def audit(cluster: LocalCluster, user: str) -> list[dict[str, Any]]:
 
 
 def rule_set(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    """(group, resource, verb) of every resource rule (nonResourceURLs rules are not API calls)."""
+    resource_rules = [rule for rule in rules if "resources" in rule]
+    return {
+        (g, r, v)
+        for rule in resource_rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 @pytest.fixture
@@ -188,18 +197,27 @@ def shipped(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[RestKube, i
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
     binary = locate_binaries().kube_scheduler
+    secure_port = free_port()
     scheduler_argv = [
         str(binary),
         *[a for a in containers["kube-scheduler"]["command"][1:] if not a.startswith("--config")],
         f"--config={tmp_path / 'scheduler.yaml'}",
         f"--bind-address={LOOPBACK}",
-        f"--secure-port={free_port()}",
+        f"--secure-port={secure_port}",
         f"--authentication-kubeconfig={scheduler_kc}",
         f"--authorization-kubeconfig={scheduler_kc}",
     ]
-    extender_argv = [sys.executable, *containers["phalanx-extender"]["command"][1:]]
-    extender_argv[extender_argv.index("8888")] = str(port)
-    extender_argv += ["--kubeconfig", str(extender_kc)]
+    # The ports a pod has to itself are shared here: the extender's, and the scheduler's whose
+    # /metrics says whether it leads.
+    moved = {
+        "--port=8888": f"--port={port}",
+        "--scheduler-metrics-url=https://127.0.0.1:10259/metrics": (
+            f"--scheduler-metrics-url=https://127.0.0.1:{secure_port}/metrics"
+        ),
+    }
+    command = containers["phalanx-extender"]["command"][1:]
+    assert set(moved) <= set(command), command
+    extender_argv = [sys.executable, *(moved.get(a, a) for a in command), "--kubeconfig", str(extender_kc)]
     env = {**os.environ, "PYTHONPATH": str(MANIFESTS.parents[1])}
     extender = process.start(extender_argv, log_path=tmp_path / "extender.log", env=env, die_with_parent=True)
     scheduler = process.start(scheduler_argv, log_path=tmp_path / "scheduler.log", die_with_parent=True)
