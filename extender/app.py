@@ -97,7 +97,10 @@ class Extender:
         )
         self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
         if options.leader is not None:
-            self.leadership = Leadership(kube, options.leader, on_lost=self.gangs.release_all)
+            self.metrics.leading.set(0)
+            self.leadership = Leadership(
+                kube, options.leader, on_lost=self.gangs.release_all, gauge=self.metrics.leading.set
+            )
         self.workload_types = WorkloadTypes(
             kube,
             self.registry,

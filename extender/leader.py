@@ -56,10 +56,17 @@ class Observation:
 
 
 class Leadership:
-    def __init__(self, kube: Kube, options: LeaderOptions, on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        options: LeaderOptions,
+        on_lost: Callable[[str], None],
+        gauge: Callable[[float], None] = lambda value: None,
+    ) -> None:
         self.kube = kube
         self.options = options
         self.on_lost = on_lost
+        self.gauge = gauge  # 1 while binds are allowed (the phalanx_leading metric)
         self._lock = threading.Lock()
         self._seen = Observation(False, "", -1, 0.0, "leadership not confirmed yet")
         self._stop = threading.Event()
@@ -112,6 +119,7 @@ class Leadership:
                 seen = Observation(False, "", -1, 0.0, f"cannot confirm leadership: {e}")
             with self._lock:
                 self._seen = seen
+            self.gauge(0.0 if self.check() else 1.0)
             if seen.leads != led:
                 log.info("leadership", leading=seen.leads, lease=self._lease, holder=seen.holder, why=seen.why)
                 if led:

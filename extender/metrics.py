@@ -41,6 +41,12 @@ class Metrics:
             "Background threads (event and status writers) that have stopped; above 0 readiness fails.",
             registry=self.registry,
         )
+        self.leading = Gauge(
+            "phalanx_leading",
+            "1 while this replica may bind (it leads, or runs without --follow-scheduler-lease), else 0.",
+            registry=self.registry,
+        )
+        self.leading.set(1)
         self.phases = Histogram(
             "phalanx_extender_request_phase_seconds",
             "Extender verb calls split by phase: read (first byte to body read), decode (JSON), "

@@ -6,10 +6,8 @@ election on, every call they make allowed and every rule of the extender's roles
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -20,35 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from deploy.local import process
+from deploy.local import replicas
 from deploy.local.build import locate_binaries
 from deploy.local.cluster import LocalCluster
-from deploy.local.components import LOOPBACK, free_port
+from deploy.local.replicas import PATHS, documents
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
 pytestmark = pytest.mark.e2e
-
-MANIFESTS = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes"
-PATHS = {
-    ("v1", "Namespace"): "/api/v1/namespaces",
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
-    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
-    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
-    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
-    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
-}
-
-
-def documents() -> list[dict[str, Any]]:
-    docs = []
-    for path in sorted(MANIFESTS.glob("*.yaml")):
-        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
-    return docs
 
 
 def test_every_manifest_passes_a_server_side_dry_run(cluster: LocalCluster) -> None:
@@ -92,7 +69,6 @@ def test_the_shipped_scheduler_configuration_is_accepted_by_kube_scheduler(
 NS_E2E = "manifests-e2e"
 EXTENDER_USER = "system:serviceaccount:phalanx-system:phalanx-extender"
 SCHEDULER_USER = "system:serviceaccount:phalanx-system:phalanx-scheduler"
-CRDS = sorted((MANIFESTS.parents[1] / "config" / "crds").glob("*.yaml"))
 #: Rules of the extender's roles this test cannot call, and why they are still needed.
 NOT_EXERCISED = {
     ("", "configmaps", "patch"): "POST/DELETE /api/v1/workload-types persist there (test_resource_interfaces)",
@@ -101,56 +77,6 @@ NOT_EXERCISED = {
 }
 RI_GROUPS = {"kubeflow.org", "jobset.x-k8s.io", "leaderworkerset.x-k8s.io", "serving.kserve.io"}
 RI_GROUPS |= {"trainer.kubeflow.org", "ray.io", "apps", "batch"}
-
-
-def apply(kube: RestKube, doc: dict[str, Any]) -> None:
-    """Server-side apply, as `kubectl apply --server-side` does."""
-    meta = doc["metadata"]
-    path = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=meta.get("namespace", "")) + "/" + meta["name"]
-    r = kube.request(
-        "PATCH",
-        path,
-        body=doc,
-        query={"fieldManager": "phalanx-operator", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-    assert r.status in (200, 201), f"apply {doc['kind']}/{meta['name']}: {r.status} {r.body}"
-
-
-def mint(kube: RestKube, account: str, bound_to: str) -> str:
-    """What kubelet does for a pod: a token of `account` (TokenRequest), bound to an object (a
-    Secret here, a pod there) whose deletion invalidates it."""
-    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": bound_to, "namespace": "phalanx-system"}}
-    r = kube.request("POST", "/api/v1/namespaces/phalanx-system/secrets", body=secret)
-    assert r.status in (201, 409), r.body
-    uid = kube.request("GET", f"/api/v1/namespaces/phalanx-system/secrets/{bound_to}").body["metadata"]["uid"]
-    spec = {
-        "expirationSeconds": 3600,
-        "boundObjectRef": {"apiVersion": "v1", "kind": "Secret", "name": bound_to, "uid": uid},
-    }
-    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-    r = kube.request("POST", f"/api/v1/namespaces/phalanx-system/serviceaccounts/{account}/token", body=body)
-    assert r.status == 201, r.body
-    return str(r.body["status"]["token"])
-
-
-def service_account_kubeconfig(kube: RestKube, cluster: LocalCluster, account: str, folder: Path) -> Path:
-    """A kubeconfig naming a token file (`tokenFile`, re-read by both clients, as a projected
-    token is), holding a token of `account` bound to the Secret `<account>-1`."""
-    (folder / f"{account}.token").write_text(mint(kube, account, f"{account}-1"))
-    admin = yaml.safe_load(cluster.kubeconfig_path.read_text())
-    server = admin["clusters"][0]["cluster"]
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "c", "cluster": server}],
-        "users": [{"name": account, "user": {"tokenFile": str(folder / f"{account}.token")}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
-        "current-context": "c",
-    }
-    path = folder / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def audit(cluster: LocalCluster, user: str) -> list[dict[str, Any]]:
@@ -177,58 +103,21 @@ def shipped(cluster: LocalCluster, tmp_path: Path) -> Iterator[tuple[RestKube, i
     processes with their service accounts' tokens, leader election on. Yields the admin
     client, the extender's port and the folder of the token files."""
     kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
-    for path in CRDS:
-        crd = yaml.safe_load(path.read_text())
-        r = kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd)
-        assert r.status in (201, 409), r.body
+    docs = replicas.install(kube)
     wait("Workloads served", lambda: kube.request("GET", "/apis/phalanx.io/v1alpha1/workloads").status == 200)
-    docs = documents()
-    for doc in docs:
-        apply(kube, doc)
-    scheduler_kc = service_account_kubeconfig(kube, cluster, "phalanx-scheduler", tmp_path)
-    extender_kc = service_account_kubeconfig(kube, cluster, "phalanx-extender", tmp_path)
-    port = free_port()
+    scheduler_kc = replicas.account_kubeconfig(kube, cluster.kubeconfig_path, "phalanx-scheduler", tmp_path)
+    extender_kc = replicas.account_kubeconfig(kube, cluster.kubeconfig_path, "phalanx-extender", tmp_path)
     config = next(d for d in docs if d["metadata"]["name"] == "phalanx-scheduler-config")
-    text = config["data"]["scheduler.yaml"].replace("http://127.0.0.1:8888", f"http://127.0.0.1:{port}")
-    scheduler_yaml = yaml.safe_load(text)
-    scheduler_yaml["clientConnection"] = {"kubeconfig": str(scheduler_kc)}  # in a pod: in-cluster
-    assert scheduler_yaml["leaderElection"]["leaderElect"] is True
-    (tmp_path / "scheduler.yaml").write_text(yaml.safe_dump(scheduler_yaml))
-    deployment = next(d for d in docs if d["kind"] == "Deployment")
-    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
-    binary = locate_binaries().kube_scheduler
-    secure_port = free_port()
-    scheduler_argv = [
-        str(binary),
-        *[a for a in containers["kube-scheduler"]["command"][1:] if not a.startswith("--config")],
-        f"--config={tmp_path / 'scheduler.yaml'}",
-        f"--bind-address={LOOPBACK}",
-        f"--secure-port={secure_port}",
-        f"--authentication-kubeconfig={scheduler_kc}",
-        f"--authorization-kubeconfig={scheduler_kc}",
-    ]
-    # The ports a pod has to itself are shared here: the extender's, and the scheduler's whose
-    # /metrics says whether it leads.
-    moved = {
-        "--port=8888": f"--port={port}",
-        "--scheduler-metrics-url=https://127.0.0.1:10259/metrics": (
-            f"--scheduler-metrics-url=https://127.0.0.1:{secure_port}/metrics"
-        ),
-    }
-    command = containers["phalanx-extender"]["command"][1:]
-    assert set(moved) <= set(command), command
-    extender_argv = [sys.executable, *(moved.get(a, a) for a in command), "--kubeconfig", str(extender_kc)]
-    env = {**os.environ, "PYTHONPATH": str(MANIFESTS.parents[1])}
-    extender = process.start(extender_argv, log_path=tmp_path / "extender.log", env=env, die_with_parent=True)
-    scheduler = process.start(scheduler_argv, log_path=tmp_path / "scheduler.log", die_with_parent=True)
+    assert yaml.safe_load(config["data"]["scheduler.yaml"])["leaderElection"]["leaderElect"] is True
+    replica = replicas.Replica("a", tmp_path, scheduler_kc, extender_kc, docs)
+    replica.start()
     r = kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NS_E2E}})
     assert r.status in (201, 409), r.body
     try:
-        wait("extender ready", lambda: _get(f"http://127.0.0.1:{port}/readyz")[0] == 200, 120)
-        yield kube, port, tmp_path
+        wait("extender ready", replica.ready, 120)
+        yield kube, replica.port, tmp_path
     finally:
-        process.stop(scheduler.pid, binary, handle=scheduler.handle)
-        process.stop(extender.pid, Path(sys.executable), handle=extender.handle)
+        replica.stop()
         kube.request("DELETE", f"/api/v1/namespaces/{NS_E2E}/pods", query={"gracePeriodSeconds": "0"})
         for account in ("phalanx-scheduler", "phalanx-extender"):
             for i in (1, 2):
@@ -367,7 +256,7 @@ def test_a_rotated_token_is_picked_up_and_the_old_one_is_never_needed_again(
     carry on with the new one (binds, watches) once the old one is refused."""
     kube, _, folder = shipped
     old = (folder / "phalanx-extender.token").read_text()
-    (folder / "phalanx-extender.token").write_text(mint(kube, "phalanx-extender", "phalanx-extender-2"))
+    (folder / "phalanx-extender.token").write_text(replicas.mint(kube, "phalanx-extender", "phalanx-extender-2"))
     r = kube.request("DELETE", "/api/v1/namespaces/phalanx-system/secrets/phalanx-extender-1")
     assert r.status == 200, r.body
     # The first token is refused from now on (once kube-apiserver's 10 s cache of good tokens
