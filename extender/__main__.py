@@ -69,7 +69,18 @@ def main() -> None:
         default="https://127.0.0.1:10259/metrics",
         help="where the kube-scheduler beside it serves /metrics (its leader_election_master_status)",
     )
+    ap.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="also serve /metrics (only) here, e.g. 0.0.0.0:9090 for Prometheus; the verbs stay on --host",
+    )
     args = ap.parse_args()
+    metrics_address = None
+    if args.metrics_address:
+        host, _, port = args.metrics_address.rpartition(":")
+        if not host or not port.isdigit():
+            ap.error(f"--metrics-address {args.metrics_address!r}: expected HOST:PORT")
+        metrics_address = (host.strip("[]"), int(port))
     leader = None
     if args.follow_scheduler_lease:
         namespace, _, name = args.follow_scheduler_lease.partition("/")
@@ -89,7 +100,7 @@ def main() -> None:
         )
     tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
     kube = RestKube.from_kubeconfig(args.kubeconfig)
-    options = Options(args.host, args.port, args.config_namespace, args.config_file, tls, leader)
+    options = Options(args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address)
     extender = Extender(kube, options)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import start_http_server
 
 from extender import logs
 from extender.auth import KubeAuthorizer
 from extender.binder import Binder
 from extender.cache import Cache
+from extender.collectors import StateCollector
 from extender.config import (
     CONFIGMAP_KEY,
     CONFIGMAP_NAME,
@@ -73,6 +75,7 @@ class Options:
     config_file: Path | None = None
     tls: TLSFiles | None = None  # serve HTTPS (verbs only for clients the client CA signed)
     leader: LeaderOptions | None = None  # HA: bind only while the kube-scheduler beside it leads
+    metrics_address: tuple[str, int] | None = None  # also serve /metrics here (for Prometheus)
 
 
 class Extender:
@@ -93,7 +96,7 @@ class Extender:
         self.registry.on_budget_trip(lambda _name, message: self._report_config("ResourceInterfaceOverBudget", message))
         self.ri = RISource(self.registry, self.cache.pod)
         self.gangs = GangManager(
-            self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri
+            self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri, stats=self.metrics
         )
         self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
         if options.leader is not None:
@@ -151,6 +154,8 @@ class Extender:
             name="configmap",
             selector={"fieldSelector": f"metadata.name={CONFIGMAP_NAME}"},
         )
+        self.metrics.registry.register(StateCollector(self.cache, self.gangs, self._reflectors))
+        self._metrics_server: Any = None
         self.server = Server(
             (options.host, options.port),
             verbs={
@@ -198,7 +203,11 @@ class Extender:
             meta = obj.get("metadata") or {}
             self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
 
+    def _reflectors(self) -> list[Reflector]:
+        return [*self.reflectors, *self.definition_reflectors, self.config_reflector, *self.dynamic.running.values()]
+
     def _warn_workload_type(self, message: str) -> None:
+        self.metrics.config_rejections.labels("workload-type").inc()
         log.error("workload type rejected; keeping the last good one", error=message)
         ref = {
             "apiVersion": "v1",
@@ -320,6 +329,11 @@ class Extender:
         thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         thread.start()
         self._threads.append(thread)
+        if self.options.metrics_address is not None:
+            # /metrics alone, where Prometheus can reach it (the verbs stay on loopback).
+            host, port = self.options.metrics_address
+            self._metrics_server, metrics_thread = start_http_server(port, host, registry=self.metrics.registry)
+            self._threads.append(metrics_thread)
         log.info("extender started", url=self.server.url, levels=self.config.topology.levels)
 
     def stop(self) -> None:
@@ -333,6 +347,9 @@ class Extender:
         self.server.shutdown()
         self.server.server_close()
         self.server.close_connections()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
 
     def synced(self) -> bool:
         """Both the node and the pod lists are in: until then no verb may answer (a pass from
@@ -372,6 +389,7 @@ class Extender:
         try:
             config = parse((obj.get("data") or {}).get(CONFIGMAP_KEY, ""), source=source)
         except ConfigError as e:
+            self.metrics.config_rejections.labels("configmap").inc()
             log.error("configuration rejected; keeping the last good one", error=str(e))
             self.binder.event({**obj, "kind": "ConfigMap"}, reason="InvalidConfig", message=str(e), kind="Warning")
             return

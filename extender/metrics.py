@@ -5,8 +5,19 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
+# Quorum to bound: a gang's members arrive, are planned and bind in well under a second when the
+# cluster has room; minutes when they wait for capacity.
+GANG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 # Extender calls are sub-millisecond to a few ms; gang binds wait up to the gang timeout.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -41,6 +52,33 @@ class Metrics:
             "Background threads (event and status writers) that have stopped; above 0 readiness fails.",
             registry=self.registry,
         )
+        self.gang_plans = Counter(
+            "phalanx_gang_plans_total",
+            "Gang reservations made; replan: the gang had a plan before (released, timed out, outdated).",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.gang_timeouts = Counter(
+            "phalanx_gang_timeouts_total",
+            "Gang reservations released because members did not all reach bind in time.",
+            registry=self.registry,
+        )
+        self.gang_quorum_to_bound = Histogram(
+            "phalanx_gang_quorum_to_bound_seconds",
+            "From a gang's quorum (as first seen by filter) to its last planned member bound.",
+            buckets=GANG_BUCKETS,
+            registry=self.registry,
+        )
+        self.config_rejections = Counter(
+            "phalanx_config_rejections_total",
+            "Configuration updates rejected (the last good one stays): the ConfigMap, or a workload type.",
+            ["source"],
+            registry=self.registry,
+        )
+        # The process's own: CPU, memory, open files, GC (what the default registry carries).
+        ProcessCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
         self.leading = Gauge(
             "phalanx_leading",
             "1 while this replica may bind (it leads, or runs without --follow-scheduler-lease), else 0.",
@@ -61,6 +99,16 @@ class Metrics:
         # Raw latencies of the most recent calls per verb, for exact percentiles (/api/v1/stats).
         self._samples: dict[str, deque[float]] = {}
         self._lock = threading.Lock()
+
+    # The gang cycle's GangStats (extender/gangs/manager.py).
+    def planned(self, again: bool) -> None:
+        self.gang_plans.labels("replan" if again else "first").inc()
+
+    def scheduled(self, quorum_to_bound_s: float) -> None:
+        self.gang_quorum_to_bound.observe(quorum_to_bound_s)
+
+    def timed_out(self) -> None:
+        self.gang_timeouts.inc()
 
     def observe(self, verb: str, seconds: float) -> None:
         self.latency.labels(verb).observe(seconds)

@@ -53,6 +53,9 @@ class Reflector:
         prepare: Callable[[JSON], Any] | None = None,
     ) -> None:
         self.optional = optional  # an API that may not be served (yet): poll quietly for it
+        # For /metrics (extender/collectors.py): full lists done, watches that failed and were retried.
+        self.lists = 0
+        self.restarts = 0
         self.kube = kube
         # The same resource at other API versions, tried in turn while the current one is not
         # served (404): a kind that moved from v1alpha2 to v1beta1 is watched at whichever the
@@ -116,6 +119,7 @@ class Reflector:
 
     def _retry(self, error: Exception, backoff: float, started: float) -> float:
         """Wait before the next attempt; returns the backoff for the one after."""
+        self.restarts += 1
         if time.monotonic() - started >= HEALTHY_S:
             backoff = BACKOFF_S
         wait = backoff * random.uniform(0.8, 1.2)
@@ -152,6 +156,7 @@ class Reflector:
                     self.resource_version = meta.get("resourceVersion", "")
                     break
         self.on_list(items)
+        self.lists += 1
         self.listed.set()
         log.info("listed", resource=self.name, count=len(items), pages=pages, resource_version=self.resource_version)
 

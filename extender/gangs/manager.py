@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -66,6 +66,25 @@ WAITING_QUORUM = requests.WAITING_QUORUM
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
 
 
+class GangStats(Protocol):
+    """What /metrics counts of the gang cycle (`extender/metrics.py`)."""
+
+    def planned(self, again: bool) -> None: ...
+    def scheduled(self, quorum_to_bound_s: float) -> None: ...
+    def timed_out(self) -> None: ...
+
+
+class NoStats:
+    def planned(self, again: bool) -> None:
+        pass
+
+    def scheduled(self, quorum_to_bound_s: float) -> None:
+        pass
+
+    def timed_out(self) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class Reservation:
     node: str
@@ -91,6 +110,7 @@ class GangState:
     parked: set[str] = field(default_factory=set)  # members told "not yet": kube-scheduler parked them
     preemption: tuple[tuple[int, int], bool, float] | None = None  # ((members, priority), helps, until)
     quorum_noted: str = ""  # the last "waiting for gang quorum n/m" written to the gang's status
+    quorum_at: float = 0.0  # monotonic time quorum was first seen (for quorum-to-bound time)
 
 
 class GangManager:
@@ -104,11 +124,13 @@ class GangManager:
         *,
         bind_wait_cap_s: float = 25.0,
         ri: RISource | None = None,
+        stats: GangStats | None = None,
     ) -> None:
         self.cache = cache
         self.objects = objects
         self.params = params
         self.notify = notify
+        self.stats: GangStats = stats or NoStats()
         self.nudge: Nudge = nudge or no_nudge
         self.bind_wait_cap_s = bind_wait_cap_s
         self.ri = ri
@@ -172,6 +194,8 @@ class GangManager:
                 state.reason = shortfall
                 state.parked.add(pod.uid)
                 return Verdict.unresolvable(state.reason)
+            if not state.quorum_at:
+                state.quorum_at = time.monotonic()
             # A gang that did not fit is solved again only once the cluster or its members changed:
             # kube-scheduler retries each of its members, and each retry must stay cheap.
             generation, members = state.failed_attempt
@@ -338,6 +362,7 @@ class GangManager:
             log.info("gang plan outdated before it was reserved; planning again", gang=state.key)
             return
         state.plans += 1
+        self.stats.planned(state.plans > 1)
         state.deadline = time.monotonic() + spec.timeout_s
         for uid, node, devices in placements:
             state.plan[uid] = Reservation(node, devices)
@@ -372,6 +397,7 @@ class GangManager:
 
     def _expire(self, state: GangState) -> None:
         if state.plan and state.deadline and time.monotonic() > state.deadline:
+            self.stats.timed_out()
             self._release(state, f"{GANG_TIMEOUT}: {len(state.arrived)}/{len(state.plan)} members arrived")
 
     def _release(self, state: GangState, reason: str) -> None:
@@ -510,6 +536,9 @@ class GangManager:
             if not state.plan and state.spec is not None:
                 state.phase = GangPhase.SCHEDULED
                 state.deadline = 0.0
+                if state.quorum_at:
+                    self.stats.scheduled(time.monotonic() - state.quorum_at)
+                    state.quorum_at = 0.0
                 self.notify(state.spec, "Scheduled", state.summary.replace("planned", "bound", 1), "Normal")
 
     def release_all(self, reason: str) -> None:
