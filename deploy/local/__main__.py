@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from deploy.local.build import ensure_binaries
+from deploy.local.build import ensure_binaries, ensure_helm
 from deploy.local.cluster import ClusterStatus, LocalCluster
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME
 from deploy.local.run import DEFAULT_SAMPLES, RunOptions, run
@@ -69,7 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="manifest file or folder to apply")
     run.add_argument("--once", action="store_true", help="exit after the placement report")
     run.add_argument("--keep-cluster", action="store_true", help="leave the cluster running on exit")
-    commands.add_parser("build", help="build the binaries (cached) and print their paths")
+    commands.add_parser("build", help="build the control-plane binaries and helm (cached); print their paths")
     commands.add_parser("gomod", help="regenerate the kube wrapper go.mod from kubernetes' own")
     return parser
 
@@ -98,6 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "build":
         print(ensure_binaries(_progress))
+        print(f"helm: {ensure_helm(_progress)}")  # for tests/e2e/test_chart.py (charts/phalanx)
         return 0
     if args.command == "gomod":
         from deploy.local.gomod import regenerate

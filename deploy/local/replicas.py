@@ -33,6 +33,7 @@ PATHS = {
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
     ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
     ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",
@@ -136,6 +137,7 @@ class Replica:
     lease_timing: tuple[float, float, float] | None = None
     port: int = field(default_factory=free_port)
     secure_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
     _scheduler: process.Launched | None = None
     _extender: process.Launched | None = None
 
@@ -170,6 +172,7 @@ class Replica:
         # whose /metrics says whether it leads.
         moved = {
             "--port=8888": f"--port={self.port}",
+            "--metrics-address=0.0.0.0:9090": f"--metrics-address={LOOPBACK}:{self.metrics_port}",
             "--scheduler-metrics-url=https://127.0.0.1:10259/metrics": (
                 f"--scheduler-metrics-url=https://127.0.0.1:{self.secure_port}/metrics"
             ),

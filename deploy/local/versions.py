@@ -2,6 +2,7 @@
 
 The Kubernetes version decides the staging modules (``v0.<minor>.<patch>``). etcd is a 3.6
 release, a server version Kubernetes 1.37 supports (its own go.mod pins the v3.7.0 client).
+helm is not part of the control plane: it is built on demand for the chart tests.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ ETCD_VERSION: Final = "v3.6.8"
 
 KWOK_VERSION: Final = "v0.8.0"
 """sigs.k8s.io/kwok release; v0.8.0 is built against client-go v0.36."""
+
+HELM_VERSION: Final = "v3.22.0"
+"""helm.sh/helm/v3 release whose ``cmd/helm`` we build (charts/phalanx is linted and rendered
+with it); deploy/local/go/helm/go.mod pins the same version."""
 
 
 def staging_version(kubernetes_version: str = KUBERNETES_VERSION) -> str:

@@ -1,0 +1,70 @@
+{{/*
+Labels of every object: the chart's standard labels. The pods also carry app: phalanx-scheduler,
+the selector deploy/kubernetes uses (the Deployment's selector is immutable).
+*/}}
+{{- define "phalanx.labels" -}}
+app.kubernetes.io/name: phalanx
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{- define "phalanx.selectorLabels" -}}
+app: phalanx-scheduler
+{{- end -}}
+
+{{/* The profile Phalanx serves. */}}
+{{- define "phalanx.schedulerName" -}}
+{{- if .Values.replaceDefaultScheduler -}}
+default-scheduler
+{{- else -}}
+{{- required "schedulerName must not be empty" .Values.schedulerName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest is set. Argument: an image value. */}}
+{{- define "phalanx.image" -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository (required "an image needs a tag or a digest" .tag | toString) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The extender's readiness and liveness probes: exec, since kubelet cannot reach loopback. */}}
+{{- define "phalanx.probe" -}}
+exec: {command: [python, -c, "import urllib.request as u; u.urlopen('http://127.0.0.1:{{ .port }}/{{ .path }}', timeout=2)"]}
+{{- end -}}
+
+{{/* kube-scheduler's KubeSchedulerConfiguration (scheduler.yaml of phalanx-scheduler-config). */}}
+{{- define "phalanx.schedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: true
+  resourceNamespace: {{ .Release.Namespace }}
+  resourceName: {{ .Values.leaderElection.leaseName }}
+percentageOfNodesToScore: 100
+profiles:
+  - schedulerName: {{ include "phalanx.schedulerName" . }}
+    pluginConfig:
+      - name: NodeResourcesFit
+        args:
+          # Accounted by Phalanx, not by node allocatable: HAMi-style share resources, and
+          # MIG resources (a dynamic-MIG node advertises no slices until Phalanx cuts them).
+          ignoredResources:
+            {{- toYaml .Values.kubeScheduler.ignoredResources | nindent 12 }}
+extenders:
+  - urlPrefix: http://127.0.0.1:{{ .Values.extender.port }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    bindVerb: bind
+    preemptVerb: preempt
+    weight: 1
+    enableHTTPS: false
+    nodeCacheCapable: true
+    ignorable: false
+    httpTimeout: {{ .Values.extender.httpTimeout }}
+    managedResources: []
+{{- end -}}

@@ -1,0 +1,438 @@
+"""The Helm chart charts/phalanx: `helm lint --strict` and `helm template` with helm itself (built
+from the Go module proxy, deploy/local/build.py), the rendered objects (defaults and
+ci/ha-values.yaml), its CRDs and RBAC equal to config/crds and deploy/kubernetes so the two never
+drift, a server-side dry run of every rendered object against the real local API server, the
+scheduler configuration accepted by kube-scheduler, and a real install, upgrade and uninstall."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.local.build import ensure_helm, locate_binaries
+from deploy.local.cluster import LocalCluster
+from extender.kube import RestKube
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "phalanx"
+HA_VALUES = CHART / "ci" / "ha-values.yaml"
+MANIFESTS = ROOT / "deploy" / "kubernetes"
+CONFIG_CRDS = ROOT / "config" / "crds"
+NAMESPACE = "phalanx-system"
+HA_NAMESPACE = "phalanx-ha"  # ci/ha-values.yaml is rendered into another namespace
+HA_LEASE = "phalanx-ha"
+
+Doc = dict[str, Any]
+RBAC = "rbac.authorization.k8s.io/v1"
+COLLECTIONS = {
+    ("v1", "Namespace"): "/api/v1/namespaces",
+    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
+    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
+    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
+    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
+    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
+    (RBAC, "ClusterRole"): f"/apis/{RBAC}/clusterroles",
+    (RBAC, "ClusterRoleBinding"): f"/apis/{RBAC}/clusterrolebindings",
+    (RBAC, "Role"): f"/apis/{RBAC}/namespaces/{{ns}}/roles",
+    (RBAC, "RoleBinding"): f"/apis/{RBAC}/namespaces/{{ns}}/rolebindings",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+}
+
+
+@dataclass(frozen=True)
+class Helm:
+    """The pinned helm binary with its own empty home folders (nothing of the user's is read)."""
+
+    binary: Path
+    env: dict[str, str]
+
+    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.binary), *args], capture_output=True, text=True, env=self.env, timeout=300)
+
+    def __call__(self, *args: str) -> str:
+        result = self.run(*args)
+        assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+        return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    """helm, built on first use (about a minute and a half cold; cached after)."""
+    if shutil.which("go") is None:
+        pytest.skip("the Go toolchain is needed to build helm")
+    binary = ensure_helm(lambda message: print(message, flush=True))
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+    return Helm(binary, env)
+
+
+def render(helm: Helm, *args: str, namespace: str = NAMESPACE) -> list[Doc]:
+    out = helm("template", "phalanx", str(CHART), "--namespace", namespace, *args)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
+def manifests() -> list[Doc]:
+    docs: list[Doc] = []
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def pod_spec(docs: list[Doc]) -> Doc:
+    spec: Doc = one(docs, "Deployment", "phalanx-scheduler")["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(docs: list[Doc]) -> dict[str, Doc]:
+    return {c["name"]: c for c in pod_spec(docs)["containers"]}
+
+
+def scheduler_config(docs: list[Doc]) -> Doc:
+    config: Doc = yaml.safe_load(one(docs, "ConfigMap", "phalanx-scheduler-config")["data"]["scheduler.yaml"])
+    return config
+
+
+def rules(docs: list[Doc], kind: str, name: str) -> list[Doc]:
+    found: list[Doc] = one(docs, kind, name)["rules"]
+    return found
+
+
+# ---------------------------------------------------------------- helm lint, the chart's files
+
+
+def test_helm_lint_passes_strict_with_the_defaults_and_the_ha_values(helm: Helm) -> None:
+    for extra in ((), ("--values", str(HA_VALUES))):
+        out = helm("lint", "--strict", str(CHART), *extra)
+        assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+        assert "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+def test_the_chart_crds_are_the_config_crds() -> None:
+    chart_crds = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    config_crds = {p.name: p.read_bytes() for p in CONFIG_CRDS.glob("*.yaml")}
+    assert sorted(chart_crds) == sorted(config_crds), "charts/phalanx/crds/ must hold a copy of each config/crds file"
+    for name, text in config_crds.items():
+        assert chart_crds[name] == text, f"charts/phalanx/crds/{name} differs from config/crds/{name}: copy it again"
+
+
+def test_values_the_schema_does_not_allow_are_refused(helm: Helm) -> None:
+    for bad in ("replica=2", "podAntiAffinity=sometimes", "extender.port=10259", "image.digest=latest"):
+        result = helm.run("template", "phalanx", str(CHART), "--set", bad)
+        assert result.returncode != 0, f"--set {bad} was accepted"
+        assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- what helm template renders
+
+
+def test_one_replica_has_no_budget_and_no_spread(helm: Helm) -> None:
+    docs = render(helm, "--set", "replicas=1")
+    assert not [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert "affinity" not in pod_spec(docs)
+    assert one(docs, "Deployment", "phalanx-scheduler")["spec"]["replicas"] == 1
+
+
+def test_monitoring_objects_render_when_enabled(helm: Helm) -> None:
+    from deploy import monitoring
+
+    plain = render(helm)
+    service = one(plain, "Service", "phalanx-metrics")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics"}]
+    assert "--metrics-address=0.0.0.0:9090" in containers(plain)["phalanx-extender"]["command"]
+    assert not [d for d in plain if d["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    enabled = ("metrics.serviceMonitor.enabled", "metrics.prometheusRule.enabled", "metrics.dashboard.enabled")
+    docs = render(helm, *[arg for key in enabled for arg in ("--set", f"{key}=true")])
+    assert one(docs, "ServiceMonitor", "phalanx")["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    rules = one(docs, "PrometheusRule", "phalanx")["spec"]["groups"][0]["rules"]
+    assert [r["alert"] for r in rules] == [a.name for a in monitoring.ALERTS]
+    board = one(docs, "ConfigMap", "phalanx-grafana-dashboard")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(board["data"]["phalanx.json"]) == monitoring.dashboard()
+
+
+def test_the_defaults_render_two_replicas_as_a_second_scheduler_hardened(helm: Helm) -> None:
+    docs = render(helm)
+    kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    assert ("PodDisruptionBudget", "phalanx-scheduler") in kinds  # two replicas: a budget
+    assert not any(d["kind"] in ("Namespace", "CustomResourceDefinition") for d in docs)  # --namespace, crds/
+    for doc in docs:
+        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding") and doc["metadata"]["name"] != (
+            "phalanx-scheduler-extension-apiserver-authentication-reader"
+        ):
+            assert doc["metadata"]["namespace"] == NAMESPACE, doc["metadata"]
+        assert doc["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+
+    deployment = one(docs, "Deployment", "phalanx-scheduler")
+    assert deployment["spec"]["replicas"] == 2
+    spec = pod_spec(docs)
+    assert spec["affinity"]["podAntiAffinity"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in spec["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["readOnlyRootFilesystem"] is True, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert container["resources"]["requests"], container["name"]
+    by_name = containers(docs)
+    assert by_name["kube-scheduler"]["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"
+    assert by_name["phalanx-extender"]["image"] == "phalanx-extender:latest"
+    assert "imagePullPolicy" not in by_name["phalanx-extender"]
+    command = by_name["phalanx-extender"]["command"]
+    assert "--host=127.0.0.1" in command
+    assert f"--config-namespace={NAMESPACE}" in command
+    assert f"--follow-scheduler-lease={NAMESPACE}/phalanx-scheduler" in command
+
+    config = scheduler_config(docs)
+    assert config["leaderElection"] == {
+        "leaderElect": True,
+        "resourceNamespace": NAMESPACE,
+        "resourceName": "phalanx-scheduler",
+    }
+    assert [p["schedulerName"] for p in config["profiles"]] == ["phalanx"]
+    assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+
+    policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "phalanx-scheduler"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []  # nothing admitted
+
+    phalanx_config = yaml.safe_load(one(docs, "ConfigMap", "phalanx-config")["data"]["config.yaml"])
+    assert phalanx_config["solver"]["timeLimitSeconds"] == 1.0
+    assert phalanx_config["topology"]["levels"][-1] == "kubernetes.io/hostname"
+
+
+def test_the_ha_values_render_two_spread_replicas_with_a_budget_in_place_of_the_default_scheduler(
+    helm: Helm,
+) -> None:
+    docs = render(helm, "--values", str(HA_VALUES), namespace=HA_NAMESPACE)
+    assert one(docs, "Deployment", "phalanx-scheduler")["spec"]["replicas"] == 2
+    budget = one(docs, "PodDisruptionBudget", "phalanx-scheduler")
+    assert budget["metadata"]["namespace"] == HA_NAMESPACE
+    assert budget["spec"] == {"minAvailable": 1, "selector": {"matchLabels": {"app": "phalanx-scheduler"}}}
+    pod_labels = one(docs, "Deployment", "phalanx-scheduler")["spec"]["template"]["metadata"]["labels"]
+    assert pod_labels["app"] == "phalanx-scheduler"
+
+    spec = pod_spec(docs)
+    preferred = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred == [
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app": "phalanx-scheduler"}},
+            },
+        }
+    ]
+    assert spec["nodeSelector"] == {"node-role.kubernetes.io/control-plane": ""}
+    assert spec["tolerations"][0]["key"] == "node-role.kubernetes.io/control-plane"
+    extender = containers(docs)["phalanx-extender"]
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert extender["image"] == f"registry.example.com/phalanx/phalanx-extender@{digest}"
+    assert extender["imagePullPolicy"] == "IfNotPresent"
+    assert f"--follow-scheduler-lease={HA_NAMESPACE}/{HA_LEASE}" in extender["command"]
+    assert f"--config-namespace={HA_NAMESPACE}" in extender["command"]
+
+    config = scheduler_config(docs)
+    assert [p["schedulerName"] for p in config["profiles"]] == ["default-scheduler"]
+    assert config["leaderElection"]["resourceNamespace"] == HA_NAMESPACE
+    assert config["leaderElection"]["resourceName"] == HA_LEASE
+
+    # The lease: kube-scheduler may create leases and get/update this one; the extender reads it.
+    lease = one(docs, "Role", "phalanx-scheduler-lease")
+    assert lease["metadata"]["namespace"] == HA_NAMESPACE
+    assert lease["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [HA_LEASE],
+            "verbs": ["get", "update"],
+        },
+    ]
+    extender_lease = [r for r in rules(docs, "Role", "phalanx-config-reader") if r["resources"] == ["leases"]]
+    assert extender_lease == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [HA_LEASE], "verbs": ["get"]}
+    ]
+    for doc in docs:
+        for subject in doc.get("subjects", []):
+            assert subject["namespace"] == HA_NAMESPACE, doc["metadata"]["name"]
+
+    policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
+    assert policy["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 10259}, {"protocol": "TCP", "port": 9090}],
+        }
+    ]
+
+
+def test_extra_watched_kinds_are_read_only(helm: Helm) -> None:
+    watched = ("--set", "extender.watchedResources[0].apiGroups={example.com}")
+    watched += ("--set", "extender.watchedResources[0].resources={myjobs}")
+    default, extended = (
+        rules(render(helm), "ClusterRole", "phalanx-extender"),
+        rules(render(helm, *watched), "ClusterRole", "phalanx-extender"),
+    )
+    added = [r for r in extended if r not in default]
+    assert added == [{"apiGroups": ["example.com"], "resources": ["myjobs"], "verbs": ["list", "watch"]}]
+    assert len(extended) == len(default) + 1
+
+
+# ---------------------------------------------------------------- the same as deploy/kubernetes
+
+
+def test_the_default_rbac_is_the_rbac_of_deploy_kubernetes(helm: Helm) -> None:
+    rendered, shipped = render(helm), manifests()
+    kinds = ("ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+    names = {kind: sorted(d["metadata"]["name"] for d in shipped if d["kind"] == kind) for kind in kinds}
+    assert {kind: sorted(d["metadata"]["name"] for d in rendered if d["kind"] == kind) for kind in kinds} == names
+    for kind in ("ClusterRole", "Role"):
+        for name in names[kind]:
+            assert rules(rendered, kind, name) == rules(shipped, kind, name), f"{kind}/{name}"
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for name in names[kind]:
+            ours, theirs = one(rendered, kind, name), one(shipped, kind, name)
+            assert ours["roleRef"] == theirs["roleRef"], f"{kind}/{name}"
+            assert ours["subjects"] == theirs["subjects"], f"{kind}/{name}"
+            assert ours["metadata"].get("namespace") == theirs["metadata"].get("namespace"), f"{kind}/{name}"
+
+
+def test_the_chart_renders_the_objects_of_deploy_kubernetes(helm: Helm) -> None:
+    """With the manifests' replica count, every object of deploy/kubernetes (but the Namespace,
+    which `helm install --create-namespace` makes) renders the same, but for the chart's own
+    labels and the config checksum; the chart adds only its NetworkPolicy."""
+    shipped = [d for d in manifests() if d["kind"] != "Namespace"]
+    replicas = one(shipped, "Deployment", "phalanx-scheduler")["spec"]["replicas"]
+    rendered = render(helm, "--set", f"replicas={replicas}")
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, rendered)) == sorted([*map(key, shipped), ("NetworkPolicy", "phalanx-scheduler")])
+    for theirs in shipped:
+        ours = one(rendered, theirs["kind"], theirs["metadata"]["name"])
+        assert _plain(ours) == _plain(theirs), f"{theirs['kind']}/{theirs['metadata']['name']}"
+
+
+def _plain(doc: Doc) -> Doc:
+    """A document without the chart's own labels and annotations, its ConfigMaps' YAML parsed."""
+    doc = json.loads(json.dumps(doc))
+    metas = [doc["metadata"]]
+    if doc["kind"] == "Deployment":
+        metas.append(doc["spec"]["template"]["metadata"])
+    for meta in metas:
+        for field, ours in (("labels", ("app.kubernetes.io/", "helm.sh/")), ("annotations", ("checksum/",))):
+            kept = {k: v for k, v in meta.pop(field, {}).items() if not k.startswith(ours)}
+            if kept:
+                meta[field] = kept
+    if doc["kind"] == "ConfigMap":
+        doc["data"] = {k: yaml.safe_load(v) for k, v in doc["data"].items()}
+    return doc
+
+
+# ---------------------------------------------------------------- against the real cluster
+
+
+def _dry_run(kube: RestKube, doc: Doc) -> None:
+    """Create with dryRun=All and strict field validation (unknown or duplicate fields fail); an
+    object that exists already (409) is validated as an update by a dry-run server-side apply."""
+    meta = doc["metadata"]
+    collection = COLLECTIONS[(doc["apiVersion"], doc["kind"])].format(ns=meta.get("namespace", ""))
+    query = {"dryRun": "All", "fieldValidation": "Strict"}
+    r = kube.request("POST", collection, body=doc, query=query)
+    if r.status == 409:
+        r = kube.request(
+            "PATCH",
+            f"{collection}/{meta['name']}",
+            body=doc,
+            query={**query, "fieldManager": "helm", "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+    assert r.status in (200, 201), f"{doc['kind']}/{meta['name']}: {r.status} {r.body}"
+
+
+def test_every_rendered_object_passes_a_server_side_dry_run(helm: Helm, cluster: LocalCluster) -> None:
+    kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+    for namespace in (NAMESPACE, HA_NAMESPACE):
+        r = kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+        assert r.status in (201, 409), r.body
+    renders = [
+        render(helm, "--include-crds"),
+        render(helm, "--values", str(HA_VALUES), namespace=HA_NAMESPACE),
+    ]
+    for docs in renders:
+        for doc in docs:
+            _dry_run(kube, doc)
+    assert {d["kind"] for d in renders[0]} >= {"CustomResourceDefinition", "Deployment", "NetworkPolicy"}
+    assert "PodDisruptionBudget" in {d["kind"] for d in renders[1]}
+
+
+@pytest.mark.parametrize("values", ["defaults", "ha"])
+def test_the_rendered_scheduler_configuration_is_accepted_by_kube_scheduler(
+    helm: Helm, cluster: LocalCluster, tmp_path: Path, values: str
+) -> None:
+    args = ("--values", str(HA_VALUES)) if values == "ha" else ()
+    config = scheduler_config(render(helm, *args))
+    config["clientConnection"] = {"kubeconfig": str(cluster.kubeconfig_path)}
+    config["leaderElection"]["leaderElect"] = False  # validate only: no lease taken
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(  # --write-config-to validates, writes the effective configuration, exits
+        [str(locate_binaries().kube_scheduler), f"--config={path}", f"--write-config-to={tmp_path / 'out.yaml'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    effective = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    names = [p["schedulerName"] for p in effective["profiles"]]
+    assert names == (["default-scheduler"] if values == "ha" else ["phalanx"])
+    assert effective["extenders"][0]["nodeCacheCapable"] is True
+
+
+def test_helm_install_upgrade_and_uninstall_keep_what_the_extender_wrote(helm: Helm, cluster: LocalCluster) -> None:
+    """A real release: installed (CRDs included), then upgraded with a changed Phalanx config
+    while a workload type the extender stored in phalanx-config survives (helm's three-way merge
+    leaves keys it never rendered), then uninstalled."""
+    kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+    namespace, release = "phalanx-helm-e2e", "phalanx"
+    kubeconfig = ("--kubeconfig", str(cluster.kubeconfig_path), "--namespace", namespace)
+    config_path = f"/api/v1/namespaces/{namespace}/configmaps/phalanx-config"
+    # --take-ownership: the cluster-wide RBAC may be there from deploy/kubernetes (test_manifests).
+    helm("install", release, str(CHART), *kubeconfig, "--create-namespace", "--take-ownership", "--set", "replicas=1")
+    try:
+        assert kube.request("GET", f"/apis/apps/v1/namespaces/{namespace}/deployments/phalanx-scheduler").status == 200
+        crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/workloads.phalanx.io"
+        assert kube.request("GET", crd).status == 200
+        stored = {"data": {"workload-type.example.com.MyJob.yaml": "kind: MyJob\n"}}
+        r = kube.request("PATCH", config_path, body=stored, content_type="application/merge-patch+json")
+        assert r.status == 200, r.body
+
+        upgrade = ("--set", "config.server.logLevel=debug", "--set", "replicas=2")
+        helm("upgrade", release, str(CHART), *kubeconfig, *upgrade)
+        data = kube.request("GET", config_path).body["data"]
+        assert yaml.safe_load(data["config.yaml"])["server"]["logLevel"] == "debug"
+        assert data["workload-type.example.com.MyJob.yaml"] == "kind: MyJob\n"
+        budget = f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/phalanx-scheduler"
+        assert kube.request("GET", budget).status == 200
+    finally:
+        helm("uninstall", release, *kubeconfig)
+    assert kube.request("GET", config_path).status == 404
+    assert kube.request("GET", f"/apis/{RBAC}/clusterroles/phalanx-extender").status == 404
