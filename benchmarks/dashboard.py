@@ -177,6 +177,10 @@ def _panel(ax: Any, panel: Panel, scrapes: list[Scrape]) -> int:
             lines += 1
     if samples and not lines:
         ax.plot([scrapes[0][0], scrapes[-1][0]], [0, 0], label="every series 0 in this run", color="grey")
+    if not samples:
+        ax.text(
+            0.5, 0.5, "none in this run", ha="center", va="center", fontsize=8, color="grey", transform=ax.transAxes
+        )
     ax.set_title(panel.title, fontsize=9)
     ax.set_xlabel("s", fontsize=7)
     ax.set_ylabel(panel.unit, fontsize=7)

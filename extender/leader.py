@@ -53,6 +53,7 @@ class Observation:
     transitions: int
     valid_until: float  # monotonic: binds allowed before this
     why: str = ""  # why not, when not
+    certain: bool = True  # False: the sibling or the lease could not be read (say nothing for sure)
 
 
 class Leadership:
@@ -107,24 +108,33 @@ class Leadership:
         return f"{self.options.lease_namespace}/{self.options.lease_name}"
 
     def _run(self) -> None:
-        """Poll every POLL_S. Binds need a fresh confirmation (`check`); reservations are
-        dropped only when the sibling no longer leads (or cannot be asked), not when one poll
-        was slow: a lapse alone refuses binds until the next confirmation."""
+        """Poll every POLL_S. Binds need a fresh confirmation (`check`). Reservations are
+        dropped when the sibling says it no longer leads, or when nothing could be confirmed for
+        a whole lease duration; not when one poll failed or was slow (a busy node): a lapse alone
+        refuses binds until the next confirmation."""
         led = False
+        confirmed = 0.0  # monotonic time of the last confirmation
+        duration = 15.0  # the lease's, as last read
         while not self._stop.is_set():
             started = time.monotonic()
             try:
                 seen = self._observe(started)
             except Exception as e:  # any fault: leadership unconfirmed, never assumed
-                seen = Observation(False, "", -1, 0.0, f"cannot confirm leadership: {e}")
+                seen = Observation(False, "", -1, 0.0, f"cannot confirm leadership: {e}", certain=False)
             with self._lock:
                 self._seen = seen
             self.gauge(0.0 if self.check() else 1.0)
-            if seen.leads != led:
+            if seen.leads:
+                confirmed = started
+                duration = max(1.0, seen.valid_until + MARGIN_S - started)
+            lost = led and not seen.leads and (seen.certain or started - confirmed > duration)
+            if seen.leads != led and (seen.leads or lost):
                 log.info("leadership", leading=seen.leads, lease=self._lease, holder=seen.holder, why=seen.why)
-                if led:
+                if lost:
                     self.on_lost(f"this replica no longer leads {self._lease}: {seen.why}")
                 led = seen.leads
+            elif led and not seen.leads:
+                log.warning("leadership not confirmed; binds wait", lease=self._lease, why=seen.why)
             self._stop.wait(max(0.0, POLL_S - (time.monotonic() - started)))
         if led:
             self.on_lost("the extender is stopping")
@@ -136,7 +146,7 @@ class Leadership:
         )
         r = self.kube.request("GET", path)
         if r.status != 200:
-            return Observation(False, "", -1, 0.0, f"lease {self._lease}: HTTP {r.status}")
+            return Observation(False, "", -1, 0.0, f"lease {self._lease}: HTTP {r.status}", certain=False)
         spec = r.body.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         transitions = int(spec.get("leaseTransitions") or 0)

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 import yaml
 
+from deploy.local import replicas
 from deploy.local.build import ensure_helm, locate_binaries
 from deploy.local.cluster import LocalCluster
 from extender.kube import RestKube
+from tests.e2e.test_extender import wait
 
 pytestmark = pytest.mark.e2e
 
@@ -436,3 +438,59 @@ def test_helm_install_upgrade_and_uninstall_keep_what_the_extender_wrote(helm: H
         helm("uninstall", release, *kubeconfig)
     assert kube.request("GET", config_path).status == 404
     assert kube.request("GET", f"/apis/{RBAC}/clusterroles/phalanx-extender").status == 404
+
+
+def test_the_rendered_chart_schedules_a_gang_with_leader_election(
+    helm: Helm, cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """The e2e of the shipped manifests, on what the chart renders: applied with server-side
+    apply, the Deployment's two commands run with their service accounts' tokens, leader
+    election on; a 4-member gang lands whole in one rack."""
+    kube = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
+    for path in sorted(CONFIG_CRDS.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        r = kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", body=crd)
+        assert r.status in (201, 409), r.body
+    wait("Workloads served", lambda: kube.request("GET", "/apis/phalanx.io/v1alpha1/workloads").status == 200)
+    r = kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": NAMESPACE}})
+    assert r.status in (201, 409), r.body
+    docs = render(helm)
+    for doc in docs:
+        replicas.apply(kube, doc)
+    scheduler = replicas.account_kubeconfig(kube, cluster.kubeconfig_path, "phalanx-scheduler", tmp_path)
+    extender = replicas.account_kubeconfig(kube, cluster.kubeconfig_path, "phalanx-extender", tmp_path)
+    replica = replicas.Replica("chart", tmp_path / "chart", scheduler, extender, docs)
+    namespace = "chart-e2e"
+    assert kube.request("POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}}).status in (201, 409)
+    replica.start()
+    try:
+        wait("the extender ready", replica.ready, 120)
+        wait("the replica leads", replica.leading, 120)
+        group = {
+            "name": "workers",
+            "minCount": 4,
+            "topologyRequest": {"required": "topology.phalanx.io/rack"},
+            "rankedGroups": [{"name": "all", "eqGroups": [{"name": "w", "count": 4}]}],
+        }
+        workload = {"apiVersion": "phalanx.io/v1alpha1", "kind": "Workload", "metadata": {"name": "charted"}}
+        workload["spec"] = {"gangGroups": [group]}
+        r = kube.request("POST", f"/apis/phalanx.io/v1alpha1/namespaces/{namespace}/workloads", body=workload)
+        assert r.status == 201, r.body
+        for i in range(4):
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"charted-{i}"}}
+            pod["metadata"]["labels"] = {"phalanx.io/workload": "charted"}
+            container = {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "8"}}}
+            pod["spec"] = {"schedulerName": "phalanx", "containers": [container]}
+            assert kube.request("POST", f"/api/v1/namespaces/{namespace}/pods", body=pod).status == 201
+
+        def bound() -> list[str]:
+            items = kube.request("GET", f"/api/v1/namespaces/{namespace}/pods").body["items"]
+            nodes = [p["spec"].get("nodeName") for p in items]
+            return [n for n in nodes if n] if len(nodes) == 4 and all(nodes) else []
+
+        nodes = wait("the gang bound", bound, 120)
+        labels = [kube.request("GET", f"/api/v1/nodes/{n}").body["metadata"]["labels"] for n in nodes]
+        assert len({node_labels["topology.phalanx.io/rack"] for node_labels in labels}) == 1
+    finally:
+        replica.stop()
+        kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": "0"})

@@ -23,12 +23,16 @@ LEASE = "/apis/coordination.k8s.io/v1/namespaces/phalanx-system/leases/phalanx-s
 
 class Sibling(http.server.ThreadingHTTPServer):
     leads = 1.0
+    failing = False  # answer 500 (a busy or restarting kube-scheduler)
 
 
 class Metrics(http.server.BaseHTTPRequestHandler):
     server: Sibling
 
     def do_GET(self) -> None:
+        if self.server.failing:
+            self.send_error(500)
+            return
         body = (
             "# TYPE leader_election_master_status gauge\n"
             f'leader_election_master_status{{name="kube-scheduler"}} {self.server.leads}\n'
@@ -140,3 +144,26 @@ def test_a_standby_refuses_binds_and_sends_nothing(sibling: Sibling, monkeypatch
             assert reply == {"Error": ""}
     finally:
         ext.leadership.stop()
+
+
+def test_a_failed_poll_refuses_binds_but_keeps_the_reservations_until_a_lease_duration_passed(
+    sibling: Sibling, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(leader, "POLL_S", 0.05)
+    monkeypatch.setattr(leader, "MARGIN_S", 0.2)
+    kube = LeaseKube()
+    kube.duration_s, kube.renewed_ago_s = 2, 0.1
+    lost: list[str] = []
+    lead = Leadership(kube, options(sibling), on_lost=lost.append)
+    lead.start()
+    until(lambda: lead.leading)
+    sibling.failing = True
+    until(lambda: "cannot confirm leadership" in lead.check())
+    time.sleep(0.5)
+    assert lost == []  # a blip: binds wait, reservations stay
+    sibling.failing = False
+    until(lambda: lead.leading)
+    sibling.failing = True
+    until(lambda: bool(lost), timeout=10)  # nothing confirmed for a lease duration: given up
+    assert "cannot confirm leadership" in lost[0]
+    lead.stop()
