@@ -366,6 +366,7 @@ class _ReplayBinder(Binder):
     """Bind without an API server: the extender's verbs run in-process, on this replay."""
 
     def __init__(self) -> None:
+        self.fence = None  # one process, always the leader
         self.pods: dict[str, dict[str, Any]] = {}
         self.devices: tuple[DeviceAssignment, ...] = ()
 

@@ -94,6 +94,7 @@ def test_min_count_is_read_afresh_after_a_change() -> None:
     [
         ("v1beta1 scheduled", BETA, False, "Scheduled", (INITIALLY, "True")),
         ("v1beta1 not yet", BETA, False, "Unschedulable", (INITIALLY, "False")),
+        ("v1beta1 waiting for members", BETA, False, "WaitingForQuorum", (INITIALLY, "False")),
         ("v1beta1 terminal once True", BETA, True, "Released", None),
         ("v1alpha2 tracks the state", ALPHA, True, "Released", ("PodGroupScheduled", "False")),
     ],
@@ -120,6 +121,7 @@ def test_status_goes_to_the_served_version_with_its_condition(
     assert path == f"/apis/{api_version}/namespaces/ns/podgroups/pg/status", case
     [condition] = body["status"]["conditions"]
     assert (condition["type"], condition["status"]) == want, case
+    assert condition["reason"] == (reason if reason in ("Scheduled", "WaitingForQuorum") else "Unschedulable"), case
 
 
 def test_preemption_never_takes_part_of_a_gang_disrupted_only_whole() -> None:
