@@ -113,6 +113,7 @@ class Leadership:
         a whole lease duration; not when one poll failed or was slow (a busy node): a lapse alone
         refuses binds until the next confirmation."""
         led = False
+        holder = ""  # the lease's holder while this replica leads (its kube-scheduler's identity)
         confirmed = 0.0  # monotonic time of the last confirmation
         duration = 15.0  # the lease's, as last read
         while not self._stop.is_set():
@@ -121,6 +122,10 @@ class Leadership:
                 seen = self._observe(started)
             except Exception as e:  # any fault: leadership unconfirmed, never assumed
                 seen = Observation(False, "", -1, 0.0, f"cannot confirm leadership: {e}", certain=False)
+            if led and seen.leads and holder and seen.holder != holder:
+                # Another identity holds the lease: whatever the sibling says, the lead moved
+                # (or the sibling restarted and won it again: its reservations start afresh).
+                seen = Observation(False, seen.holder, seen.transitions, 0.0, f"the lease moved to {seen.holder!r}")
             with self._lock:
                 self._seen = seen
             self.gauge(0.0 if self.check() else 1.0)
@@ -133,6 +138,7 @@ class Leadership:
                 if lost:
                     self.on_lost(f"this replica no longer leads {self._lease}: {seen.why}")
                 led = seen.leads
+                holder = seen.holder if led else ""
             elif led and not seen.leads:
                 log.warning("leadership not confirmed; binds wait", lease=self._lease, why=seen.why)
             self._stop.wait(max(0.0, POLL_S - (time.monotonic() - started)))

@@ -58,12 +58,13 @@ def sibling() -> Iterator[Sibling]:
 class LeaseKube(FakeKube):
     renewed_ago_s: float = 0.5
     duration_s: int = 15
+    holder: str = "pod-a_1234"
 
     def request(self, method: str, path: str, **kwargs: Any) -> Response:
         if method == "GET" and path == LEASE:
             renewed = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=self.renewed_ago_s)
             spec = {
-                "holderIdentity": "pod-a_1234",
+                "holderIdentity": self.holder,
                 "leaseDurationSeconds": self.duration_s,
                 "renewTime": renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
                 "leaseTransitions": 3,
@@ -166,4 +167,19 @@ def test_a_failed_poll_refuses_binds_but_keeps_the_reservations_until_a_lease_du
     sibling.failing = True
     until(lambda: bool(lost), timeout=10)  # nothing confirmed for a lease duration: given up
     assert "cannot confirm leadership" in lost[0]
+    lead.stop()
+
+
+def test_a_lease_that_moved_is_a_lost_lead_whatever_the_sibling_says(
+    sibling: Sibling, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(leader, "POLL_S", 0.05)
+    kube = LeaseKube()
+    lost: list[str] = []
+    lead = Leadership(kube, options(sibling), on_lost=lost.append)
+    lead.start()
+    until(lambda: lead.leading)
+    kube.holder = "pod-b_5678"  # a stale "1" on the sibling's /metrics must not keep the lead
+    until(lambda: bool(lost))
+    assert "moved to 'pod-b_5678'" in lost[0]
     lead.stop()
