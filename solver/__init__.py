@@ -13,6 +13,10 @@ and renamed without touching the Kubernetes side.
 - Share packing: `PackingPlan`, `Packer`.
 - `validate_plan(snapshot, requests, result)`: the independent plan check (empty: valid).
 - MIG profile tables: `MigTable`, `load_tables`.
+- Queues and quotas: `QueueSpec`, `QueueTree`, `usage_of`, `rollup`, `limit_check`,
+  `fair_shares`, `fair_share_check`, `borrowed` (vectors: `add`, `sub`, `format_amount`).
+- Gang-aware preemption: `choose_victims` over `VictimUnit`s of `RunningPod`s -> `Preemption`;
+  `free` / `freed` give a node / snapshot back its pods' capacity.
 """
 
 from solver.admit import INVALID_REQUEST
@@ -48,14 +52,35 @@ from solver.packing import Packer, PackingPlan
 from solver.params import PlacementMode, SolverParams, UnlabeledNodes
 from solver.plan import plan
 from solver.pools import ModelPool, PoolLedger, PoolPlan
+from solver.preempt import Preemption, RunningPod, VictimUnit, choose_victims, free, freed
 from solver.preference import NodeState
+from solver.queues import (
+    DEFAULT_QUEUE,
+    GPU_RESOURCES,
+    RESOURCES,
+    QueueSpec,
+    QueueTree,
+    Vector,
+    add,
+    borrowed,
+    fair_share_check,
+    fair_shares,
+    format_amount,
+    limit_check,
+    rollup,
+    sub,
+    usage_of,
+)
 from solver.single import reason as unfit_reason
 from solver.single import score as node_score
 from solver.validate import validate as validate_plan
 
 __all__ = [
+    "DEFAULT_QUEUE",
     "FULL_SHARE",
+    "GPU_RESOURCES",
     "INVALID_REQUEST",
+    "RESOURCES",
     "Assignment",
     "ClusterSnapshot",
     "DeviceAssignment",
@@ -81,21 +106,39 @@ __all__ = [
     "PodShape",
     "PoolLedger",
     "PoolPlan",
+    "Preemption",
+    "QueueSpec",
+    "QueueTree",
     "Resources",
+    "RunningPod",
     "Slice",
     "SolveStatus",
     "SolverParams",
     "SubGroup",
     "TopologyRequest",
     "UnlabeledNodes",
+    "Vector",
+    "VictimUnit",
     "WorkloadClass",
+    "add",
+    "borrowed",
+    "choose_victims",
     "demand_of",
+    "fair_share_check",
+    "fair_shares",
     "fits",
+    "format_amount",
+    "free",
+    "freed",
+    "limit_check",
     "load_tables",
     "node_score",
     "placement_delta",
     "plan",
+    "rollup",
+    "sub",
     "unfit_reason",
+    "usage_of",
     "validate_plan",
     "workload_classes",
     "workload_drift",
