@@ -50,6 +50,9 @@ from extender.leader import LeaderOptions, Leadership
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.pools import Hardware
+from extender.preemption import Preemptor
+from extender.queue_status import QUEUES_PATH, QueueStatusWriter
+from extender.queues import QueueBook
 from extender.read_api import ReadApi
 from extender.ri.model import GVK
 from extender.ri.registry import Registry
@@ -95,9 +98,31 @@ class Extender:
         # A trip fires on the thread that ran the jq (maybe a filter): report through the queue.
         self.registry.on_budget_trip(lambda _name, message: self._report_config("ResourceInterfaceOverBudget", message))
         self.ri = RISource(self.registry, self.cache.pod)
+        self.queues = QueueBook(self.cache, self.config.queues, gang_of=lambda pod: self.gangs.gang_of(pod))
+        self.queues.waits = lambda queue, seconds: self.metrics.queue_wait.labels(queue).observe(seconds)
         self.gangs = GangManager(
-            self.cache, self.gang_objects, self._solver_params, notifier, notifier.nudge, ri=self.ri, stats=self.metrics
+            self.cache,
+            self.gang_objects,
+            self._solver_params,
+            notifier,
+            notifier.nudge,
+            ri=self.ri,
+            stats=self.metrics,
+            admission=self.queues,
         )
+        self.preemptor = Preemptor(
+            self.cache,
+            self.binder,
+            self.queues,
+            gang_of=self.gangs.gang_of,
+            config=lambda: self.config.queues,
+            report=notifier.report,
+            counted=lambda queue, kind, n: self.metrics.queue_evictions.labels(queue, kind).inc(n),
+        )
+        self.gangs.preemptor = self.preemptor
+        self.queues.changed = self.gangs.retry_waiting
+        self.gangs.ours = self.queues.ours
+        self.gangs.queue_config = lambda: self.config.queues
         self.dynamic = DynamicWatches(kube, on_list=self.ri.replace, on_event=self._ri_event)
         if options.leader is not None:
             self.metrics.leading.set(0)
@@ -115,9 +140,22 @@ class Extender:
         self.dynamic.sync(self.ri.watched_kinds())
         self.sharing = Sharing(self.cache, enabled=self.config.gpu.fragmentation_scoring)
         self.verbs = Verbs(
-            self.cache, self.binder, self.config, self.metrics, self.gangs, sharing=self.sharing, synced=self.synced
+            self.cache,
+            self.binder,
+            self.config,
+            self.metrics,
+            self.gangs,
+            sharing=self.sharing,
+            synced=self.synced,
+            queues=self.queues,
         )
-        self.read_api = ReadApi(self.cache, self.gangs)
+        self.read_api = ReadApi(self.cache, self.gangs, self.queues)
+        self.queue_status = QueueStatusWriter(
+            kube,
+            self.queues,
+            leading=lambda: self.leadership is None or self.leadership.leading,
+            counts=self.preemptor.counts_of,
+        )
         self.reflectors = [
             Reflector(
                 kube, "/api/v1/nodes", on_list=self.cache.replace_nodes, on_event=self.cache.node_event, name="nodes"
@@ -129,6 +167,23 @@ class Extender:
                 on_event=self.cache.pod_event,
                 name="pods",
                 prepare=pod_info,
+            ),
+        ]
+        self.queue_reflectors = [
+            Reflector(
+                kube,
+                QUEUES_PATH,
+                name="queues.phalanx.io",
+                optional=True,
+                on_list=self.queues.replace_queues,
+                on_event=self.queues.queue_event,
+            ),
+            Reflector(
+                kube,
+                "/api/v1/namespaces",
+                name="namespaces",
+                on_list=self.queues.replace_namespaces,
+                on_event=self.queues.namespace_event,
             ),
         ]
         self.definition_reflectors = [
@@ -154,7 +209,7 @@ class Extender:
             name="configmap",
             selector={"fieldSelector": f"metadata.name={CONFIGMAP_NAME}"},
         )
-        self.metrics.registry.register(StateCollector(self.cache, self.gangs, self._reflectors))
+        self.metrics.registry.register(StateCollector(self.cache, self.gangs, self._reflectors, self.queues))
         self._metrics_server: Any = None
         self.server = Server(
             (options.host, options.port),
@@ -170,6 +225,7 @@ class Extender:
                 "/api/v1/gangs": self.read_api.gangs_,
                 "/api/v1/nodes": self.read_api.nodes,
                 "/api/v1/pools": self.read_api.pools,
+                "/api/v1/queues": self.read_api.queues_,
             },
             apis={"/api/v1/workload-types": self.workload_types.api},
             authorizer=KubeAuthorizer(kube),
@@ -204,7 +260,13 @@ class Extender:
             self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
 
     def _reflectors(self) -> list[Reflector]:
-        return [*self.reflectors, *self.definition_reflectors, self.config_reflector, *self.dynamic.running.values()]
+        return [
+            *self.reflectors,
+            *self.definition_reflectors,
+            *self.queue_reflectors,
+            self.config_reflector,
+            *self.dynamic.running.values(),
+        ]
 
     def _warn_workload_type(self, message: str) -> None:
         self.metrics.config_rejections.labels("workload-type").inc()
@@ -318,7 +380,7 @@ class Extender:
         # Filter and prioritize must not queue behind watch decoding for a whole 5 ms GIL slice.
         sys.setswitchinterval(0.001)
         logs.configure(self.config.server.log_level)
-        for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
+        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, self.config_reflector]:
             self._threads.append(r.start())
         self.dynamic.start()
         if self.leadership is not None:
@@ -326,6 +388,14 @@ class Extender:
         sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
         sweeper.start()
         self._threads.append(sweeper)
+        status = threading.Thread(
+            target=self.queue_status.run,
+            args=(lambda: self.config.queues.status_seconds,),
+            name="queue-status",
+            daemon=True,
+        )
+        status.start()
+        self._threads.append(status)
         thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         thread.start()
         self._threads.append(thread)
@@ -341,7 +411,8 @@ class Extender:
         if self.leadership is not None:
             self.leadership.stop()
         self.gangs.shutdown()
-        for r in [*self.reflectors, *self.definition_reflectors, self.config_reflector]:
+        self.queue_status.stop()
+        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, self.config_reflector]:
             r.stop()
         self.dynamic.stop()
         self.server.shutdown()
@@ -399,6 +470,7 @@ class Extender:
     def apply(self, config: PhalanxConfig) -> None:
         self.config = config
         self.verbs.config = config
+        self.queues.configure(config.queues)
         self.cache.configure(config.topology.levels, Hardware(config.gpu))
         logs.configure(config.server.log_level)
 

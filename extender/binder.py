@@ -75,6 +75,27 @@ class Binder:
             time.sleep(0.1 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str:
+        """Evict a pod through the Eviction API (policy/v1), so PodDisruptionBudgets hold:
+        "" when accepted (or the pod is gone already), else why not (a budget's 429 included).
+        The uid precondition keeps a pod recreated under the same name safe."""
+        body: dict[str, Any] = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        if dry_run:
+            body["deleteOptions"]["dryRun"] = ["All"]
+        try:
+            response = self.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
+        except OSError as e:
+            return f"eviction of {namespace}/{name} failed: {e}"
+        if response.status in (200, 201, 404):
+            return ""
+        message = response.body.get("message", "") if isinstance(response.body, dict) else ""
+        return f"eviction of {namespace}/{name} refused ({response.status}): {str(message)[:256]}"
+
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         response = self.kube.request("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
         if response.status == 404:

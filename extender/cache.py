@@ -110,6 +110,8 @@ class Cache:
         self._changes: list[str] = []
         self._epoch = 0
         self._listeners: list[PodListener] = []
+        self._count_listeners: list[Callable[[str], None]] = []
+        self.nodes_version = 0  # bumps when a node is added, changed or removed (not on pod changes)
         self._invalid_node: list[Callable[[JSON, str], None]] = []
         self._snapshot: tuple[int, ClusterSnapshot] | None = None
         self._models_seen: set[str] = set()
@@ -117,6 +119,15 @@ class Cache:
     def on_pod_change(self, listener: PodListener) -> None:
         """Call `listener(old, new)` under the lock on every pod change (None for absent)."""
         self._listeners.append(listener)
+
+    def on_count(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(uid)` (under the lock; it must only record) whenever what the cache
+        counts of that pod may have changed: bound, assumed, forgotten, changed or deleted."""
+        self._count_listeners.append(listener)
+
+    def _counted(self, uid: str) -> None:
+        for listener in self._count_listeners:
+            listener(uid)
 
     def on_invalid_node(self, report: Callable[[JSON, str], None]) -> None:
         """Call `report(node object, why)` (under the lock) for a Node the cache cannot parse."""
@@ -188,11 +199,13 @@ class Cache:
             return
         self._nodes[info.name] = info
         self._models_seen.update(d.model for d in info.devices)
+        self.nodes_version += 1
         self._touch(info.name)
 
     def _drop_node(self, name: str) -> None:
         self._raw_nodes.pop(name, None)
         if self._nodes.pop(name, None) is not None:
+            self.nodes_version += 1
             self._touch(name)
 
     def _set_pod(self, pod: PodInfo) -> None:
@@ -209,6 +222,7 @@ class Cache:
             elif pod.devices is None:
                 self._pods[pod.uid] = pod = replace(pod, devices=assumed.devices)
         self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
+        self._counted(pod.uid)
         for listener in self._listeners:
             listener(old, pod)
 
@@ -219,6 +233,7 @@ class Cache:
             # A reserved (assumed, not yet bound) pod was deleted: its node's model must be
             # rebuilt, or the reservation would stay counted there for good.
             self._uncount(uid, assumed.node)
+        self._counted(uid)
         if pod is not None:
             self._place(uid, pod.node, "")
             for listener in self._listeners:
@@ -262,6 +277,7 @@ class Cache:
         self._assumed[uid] = Assumed(node, devices)
         self._on_node.setdefault(node, set()).add(uid)
         self._touch(node)
+        self._counted(uid)
 
     def assume_all(
         self,
@@ -308,6 +324,7 @@ class Cache:
                 if pod is None or pod.node != entry.node:
                     self._on_node.get(entry.node, set()).discard(uid)
                 self._touch(entry.node)
+                self._counted(uid)
 
     def forget_unbound(self, uids: Iterable[str]) -> None:
         """Forget the assumptions of those pods the watch does not show bound."""
@@ -326,6 +343,55 @@ class Cache:
             return set(self._assumed)
 
     # ------------------------------------------------------------------ reads
+
+    def placement(self, uid: str) -> tuple[PodInfo | None, str, tuple[DeviceAssignment, ...]]:
+        """A pod as the cache counts it: (pod, node it is counted on or "", its devices). A pod
+        is counted where it is bound (while active) or, before that, where it is assumed."""
+        with self._lock:
+            pod = self._pods.get(uid)
+            assumed = self._assumed.get(uid)
+            if pod is not None and pod.node and pod.active:
+                devices = pod.devices if pod.devices is not None else (assumed.devices if assumed else ())
+                return pod, pod.node, devices
+            if pod is not None and assumed is not None and pod.active:
+                return pod, assumed.node, assumed.devices
+            return pod, "", ()
+
+    def inferred_devices(self, node: str) -> dict[str, tuple[DeviceAssignment, ...]]:
+        """The devices the node's GPU pods without a device record are counted on (as the
+        node's model infers them: best fit, oldest first), by pod uid."""
+        with self._lock:
+            info = self._nodes.get(node)
+            if info is None:
+                return {}
+            unrecorded = []
+            recorded = []
+            for uid in self._on_node.get(node, set()):
+                pod = self._pods.get(uid)
+                if pod is None or not pod.active:
+                    continue
+                devices = self._assigned(uid)
+                if devices is None and pod.demand.kind is not GpuKind.NONE:
+                    unrecorded.append(pod)
+                elif devices:
+                    recorded.append(devices)
+            if not unrecorded:
+                return {}
+            states = {d.index: DeviceState.of(d) for d in info.devices}
+            for devices in recorded:
+                for d in devices:
+                    if d.index in states:
+                        states[d.index].consume(d)
+            base = Node(info.name, info.allocatable, gpus=tuple(d.freeze() for d in states.values()))
+            return _inferred(base, unrecorded)[1]
+
+    def pod_uids(self) -> list[str]:
+        with self._lock:
+            return list(self._pods)
+
+    def node_infos(self) -> list[NodeInfo]:
+        with self._lock:
+            return list(self._nodes.values())
 
     def pod(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)
@@ -515,11 +581,20 @@ def _same_placement(old: PodInfo, obj: JSON) -> bool:
 
 def _infer_devices(node: Node, pods: list[PodInfo]) -> Node:
     """GPU pods on the node without a device record take devices best-fit, oldest first."""
-    state = NodeState(Node(node.name, node.allocatable, Resources(), gpus=node.gpus))
-    for pod in sorted(pods, key=lambda p: (p.created, p.uid)):
-        if state.take(PodShape(Resources(), pod.demand)) is None:
-            log.warning("GPU pod does not fit its node's devices", pod=pod.key, node=node.name)
+    state, _ = _inferred(node, pods)
     return replace(node, gpus=tuple(d.freeze() for d in state.devices))
+
+
+def _inferred(node: Node, pods: list[PodInfo]) -> tuple[NodeState, dict[str, tuple[DeviceAssignment, ...]]]:
+    state = NodeState(Node(node.name, node.allocatable, Resources(), gpus=node.gpus))
+    taken: dict[str, tuple[DeviceAssignment, ...]] = {}
+    for pod in sorted(pods, key=lambda p: (p.created, p.uid)):
+        devices = state.take(PodShape(Resources(), pod.demand))
+        if devices is None:
+            log.warning("GPU pod does not fit its node's devices", pod=pod.key, node=node.name)
+        else:
+            taken[pod.uid] = devices
+    return state, taken
 
 
 __all__ = ["Assumed", "Cache", "Changes", "Counted", "NodeName"]

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 from extender.cache import Cache
 from extender.gangs.manager import GangManager
 from extender.gangs.requests import WAITING_QUORUM
+from extender.queues import QueueBook
 from extender.watch import Reflector
 
 #: Pending-reason classes, by the start of the reason the gang cycle or the solver wrote.
@@ -46,15 +47,56 @@ def reason_class(reason: str) -> str:
 
 
 class StateCollector(Collector):
-    def __init__(self, cache: Cache, gangs: GangManager, reflectors: Callable[[], Iterable[Reflector]]) -> None:
+    def __init__(
+        self,
+        cache: Cache,
+        gangs: GangManager,
+        reflectors: Callable[[], Iterable[Reflector]],
+        queues: QueueBook | None = None,
+    ) -> None:
         self.cache = cache
         self.gangs = gangs
         self.reflectors = reflectors
+        self.queues = queues
 
     def collect(self) -> Iterator[Metric]:
         yield from self._gangs()
         yield from self._gpus()
         yield from self._watches()
+        yield from self._queues()
+
+    def _queues(self) -> Iterator[Metric]:
+        """Per queue and resource: allocated, deserved, fair share (the solver's units: cpu in
+        milli-cores, memory in MiB, gpuShare in milli-GPU); pending pods and gangs. Queues and
+        resources come from Queue objects (bounded by what administrators create)."""
+        if self.queues is None or not self.queues.active:
+            return
+        families = {
+            "allocated": GaugeMetricFamily(
+                "phalanx_queue_allocated", "Held by the queue and its children.", labels=["queue", "resource"]
+            ),
+            "deserved": GaugeMetricFamily("phalanx_queue_deserved", "Guaranteed quota.", labels=["queue", "resource"]),
+            "fair": GaugeMetricFamily(
+                "phalanx_queue_fair_share", "Fair share of the cluster now.", labels=["queue", "resource"]
+            ),
+        }
+        pods = GaugeMetricFamily("phalanx_queue_pending_pods", "Pods waiting, by queue.", labels=["queue"])
+        gangs = GaugeMetricFamily("phalanx_queue_pending_gangs", "Gangs waiting, by queue.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "phalanx_queue_oldest_wait_seconds", "The oldest waiting pod's age, by queue.", labels=["queue"]
+        )
+        for view in self.queues.views():
+            for name, amounts in (
+                ("allocated", view.allocated),
+                ("deserved", view.spec.deserved),
+                ("fair", view.fair_share),
+            ):
+                for resource, amount in sorted(amounts.items()):
+                    families[name].add_metric([view.name, resource], amount)
+            pods.add_metric([view.name], view.pending_pods)
+            gangs.add_metric([view.name], view.pending_gangs)
+            oldest.add_metric([view.name], view.oldest_wait_s)
+        yield from (*families.values(), pods, gangs, oldest)
 
     def _gangs(self) -> Iterator[Metric]:
         pending: dict[str, int] = defaultdict(int)

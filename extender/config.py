@@ -406,12 +406,83 @@ class FilterConfig(_Strict):
         return self.sample_nodes
 
 
+class QueuesConfig(_Strict):
+    """Queues, quotas, fair share and preemption (the Queue CRD, phalanx.io/v1alpha1)."""
+
+    default_queue: str = Field(
+        "default",
+        alias="defaultQueue",
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="The queue of pods that name none (no phalanx.io/queue, kai.scheduler/queue or "
+        "scheduling.volcano.sh/queue-name label on the pod or its namespace). It exists even without a Queue "
+        "object (no limit, nothing deserved, weight 1).",
+    )
+    fair_share: Literal["PerResource", "Off"] = Field(
+        "PerResource",
+        alias="fairShare",
+        description="How idle capacity beyond deserved quotas is divided. PerResource: KAI-Scheduler's way, "
+        "each resource kind (cpu, memory, gpu, ...) water-filled over sibling queues by over-quota weight, "
+        "capped at what each queue wants and its limit; a gang or pod beyond its queue's fair share waits "
+        "while another queue below its share waits, unless the idle capacity covers both. Off: limits only, "
+        "first come first served.",
+    )
+    preemption: bool = Field(
+        True,
+        description="Gang-aware preemption: a pending gang (or pod) with quorum that does not fit evicts the "
+        "cheapest set of whole lower-priority gangs the solver finds (through the Eviction API, so "
+        "PodDisruptionBudgets hold) and the freed capacity is held for it.",
+    )
+    reclaim: bool = Field(
+        True,
+        description="A queue below its deserved quota reclaims capacity that queues above theirs borrowed "
+        "(evicting whole borrowing gangs, whatever their priority).",
+    )
+    reservation_seconds: int = Field(
+        120,
+        alias="reservationSeconds",
+        ge=5,
+        le=3600,
+        description="How long capacity freed by preemption, or held for a starving gang, stays reserved "
+        "for it (s). 120: victims get their grace period (30 s by default) and the gang time to bind.",
+    )
+    backfill: bool = Field(
+        True,
+        description="While capacity is held for a starving gang, let lower-priority pods use it (they are the "
+        "first victims when the gang is ready); false: held capacity stays idle.",
+    )
+    starvation_seconds: int = Field(
+        300,
+        alias="starvationSeconds",
+        ge=10,
+        le=86400,
+        description="A gang at the head of its queue that has waited this long (s) gets capacity held for it "
+        "(chosen by the solver, for reservationSeconds). 300: longer than a typical gang's bind.",
+    )
+    aging_per_minute: int = Field(
+        0,
+        alias="agingPerMinute",
+        ge=0,
+        le=1_000_000,
+        description="Priority added per minute a gang waits (its queue order and preemption rights); 0: off. "
+        "Lets a long-waiting gang overtake younger gangs of somewhat higher priority.",
+    )
+    status_seconds: float = Field(
+        5.0,
+        alias="statusSeconds",
+        ge=1,
+        le=300,
+        description="How often Queue statuses are written (s); only changed statuses are written.",
+    )
+
+
 class PhalanxConfig(_Strict):
     topology: TopologyConfig = TopologyConfig()
     solver: SolverConfig = SolverConfig()
     gpu: GpuConfig = GpuConfig()
     filter: FilterConfig = FilterConfig()
     server: ServerConfig = ServerConfig()
+    queues: QueuesConfig = QueuesConfig()
 
     def solver_params(self) -> SolverParams:
         return SolverParams(

@@ -96,6 +96,20 @@ class Metrics:
         self.solve_seconds = Histogram(
             "phalanx_solver_seconds", "Solver time per plan.", buckets=LATENCY_BUCKETS, registry=self.registry
         )
+        self.queue_wait = Histogram(
+            "phalanx_queue_wait_seconds",
+            "Per queue, from a pod's creation to it being counted on a node (bound or reserved).",
+            ["queue"],
+            buckets=GANG_BUCKETS,
+            registry=self.registry,
+        )
+        self.queue_evictions = Counter(
+            "phalanx_queue_evictions_total",
+            "Pods evicted by Phalanx, by the preemptor's queue and why: preemption (priority) or reclaim "
+            "(a queue below its deserved quota taking back what others borrowed).",
+            ["queue", "kind"],
+            registry=self.registry,
+        )
         # Raw latencies of the most recent calls per verb, for exact percentiles (/api/v1/stats).
         self._samples: dict[str, deque[float]] = {}
         self._lock = threading.Lock()

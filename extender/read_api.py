@@ -1,4 +1,4 @@
-"""The read API: what the extender sees, as JSON (GET /api/v1/gangs, /nodes, /pools).
+"""The read API: what the extender sees, as JSON (GET /api/v1/gangs, /nodes, /pools, /queues).
 
 Thin handlers over the cache and the gang manager: parse the path, look up, map. Each takes
 the rest of the path below its prefix and returns (HTTP status, JSON body).
@@ -11,15 +11,27 @@ from typing import Any
 from extender import pools
 from extender.cache import Cache
 from extender.gangs.manager import GangManager
+from extender.queues import QueueBook, view_json
 from solver import Node
 
 Reply = tuple[int, Any]
 
 
 class ReadApi:
-    def __init__(self, cache: Cache, gangs: GangManager) -> None:
+    def __init__(self, cache: Cache, gangs: GangManager, queues: QueueBook | None = None) -> None:
         self.cache = cache
         self.gangs = gangs
+        self.queues = queues
+
+    def queues_(self, rest: str) -> Reply:
+        """GET /api/v1/queues and /api/v1/queues/{name}: each queue's allocation, deserved quota,
+        fair share, limit and demand per resource, pending pods and gangs, the oldest wait."""
+        views = [view_json(v) for v in self.queues.views()] if self.queues is not None else []
+        wanted = rest.strip("/")
+        if not wanted:
+            return 200, {"queues": views}
+        found = [q for q in views if q["name"] == wanted]
+        return (200, found[0]) if found else (404, {"error": f"no queue {wanted!r}"})
 
     def gangs_(self, rest: str) -> Reply:
         """GET /api/v1/gangs and /api/v1/gangs/{namespace}/{name}."""

@@ -37,6 +37,7 @@ from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
+from extender.queues import QueueBook
 from extender.scoring import best, fragmentation_scores, sample_size
 from extender.sharing import Sharing
 from solver import (
@@ -80,8 +81,10 @@ class Verbs:
         *,
         sharing: Sharing | None = None,
         synced: Callable[[], bool] = lambda: True,
+        queues: QueueBook | None = None,
     ) -> None:
         self.cache = cache
+        self.queues = queues
         self.synced = synced
         self.gangs = gangs
         self.binder = binder
@@ -153,6 +156,8 @@ class Verbs:
     def _verdict(self, pod: PodInfo, names: list[str]) -> Verdict:
         if pod.error:
             return Verdict.unresolvable(f"{INVALID_REQUEST}: {pod.error}")
+        if self.queues is not None:
+            self.queues.note_scheduler(pod.scheduler)
         if self.gangs is not None:
             answer = self.gangs.filter(pod, names)
             if answer is not None:
@@ -160,6 +165,9 @@ class Verbs:
         ask = self._ask(pod)
         if ask.error:
             return Verdict.unresolvable(ask.error)
+        refusal = self.queues.check_pod(pod) if self.queues is not None else ""
+        if refusal:
+            return Verdict.unschedulable(refusal)
         if pod.demand.kind is GpuKind.NONE and ask.pool is None:
             return Verdict(Fit.PASSTHROUGH, names)
         memo = self._memo_for(ask)
@@ -365,7 +373,10 @@ class Verbs:
         if gate:
             self.metrics.outcomes.labels("bind", "gang-wait-failed").inc()
             return {"Error": gate}
-        devices = self._choose_devices(pod, node)
+        devices = self._choose_devices(pod, node, gang=gate is not None)
+        if isinstance(devices, str):
+            self.metrics.outcomes.labels("bind", "queue-limit").inc()
+            return {"Error": devices}
         if devices is None:
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
@@ -440,9 +451,18 @@ class Verbs:
             return f"{NOT_IN_POOL} {ask.pool.name}"
         return ""
 
-    def _choose_devices(self, pod: PodInfo, node: str) -> tuple[DeviceAssignment, ...] | None:
+    def _choose_devices(self, pod: PodInfo, node: str, *, gang: bool) -> tuple[DeviceAssignment, ...] | str | None:
         """Pick devices and count them on the node at once (the cache's atomic
-        choose-and-assume; no lock is held across API calls)."""
+        choose-and-assume; no lock is held across API calls). A single pod's queue limit is
+        checked in the same step (a string: why not): kube-scheduler filters the next pod
+        before this one's bind arrives, so filter's check alone could let two pods past a limit."""
+        if gang or self.queues is None or not self.queues.active or self.cache.assumed(pod.uid) is not None:
+            return self._assume_devices(pod, node)
+        with self.queues.bind_lock:
+            refusal = self.queues.bind_check(pod)
+            return refusal or self._assume_devices(pod, node)
+
+    def _assume_devices(self, pod: PodInfo, node: str) -> tuple[DeviceAssignment, ...] | None:
         ask = self._ask(pod)
         if pod.demand.kind is GpuKind.NONE:
             return self.cache.assume_chosen(pod.uid, node, lambda model: ())
@@ -478,6 +498,17 @@ class Verbs:
         no candidates at all when no eviction can place its gang (no quorum, no definition,
         a plan already, or no fit even with every lower-priority pod gone)."""
         pod, victims = self._pod(args), wire.victims(args)
+        single = self.gangs is None or not self.gangs.gang_of(pod)
+        if self.queues is not None and single and self.queues.check_pod(pod):
+            # Over its queue's limit or fair share: evicting others' pods changes neither.
+            self.metrics.outcomes.labels("preempt", "queue").inc()
+            return {"NodeNameToMetaVictims": {}}
+        if self.gangs is not None and not single and self.gangs.preemptor is not None:
+            # Phalanx preempts for gangs itself (whole victim gangs, chosen by the solver, when
+            # the gang is planned); kube-scheduler's per-pod victims would break that.
+            self.metrics.outcomes.labels("preempt", "gang-own").inc()
+            self.gangs.preempt_for(pod)
+            return {"NodeNameToMetaVictims": {}}
         if self.gangs is not None and self.gangs.preemption_helps(pod) is False:
             self.metrics.outcomes.labels("preempt", "gang-unhelped").inc()
             return {"NodeNameToMetaVictims": {}}

@@ -40,6 +40,7 @@ import structlog
 
 import solver
 from extender.cache import Cache
+from extender.config import QueuesConfig
 from extender.gangs import requests
 from extender.gangs.membership import Membership, Nudge, no_nudge
 from extender.gangs.requests import Entry, Members
@@ -49,7 +50,19 @@ from extender.gangs.ri_source import RISource
 from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve
 from extender.objects import PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
-from solver import ClusterSnapshot, DeviceAssignment, GangPlan, GangRequest, Outcome, PlanResult, SolverParams
+from extender.preemption import Claimant, Preemptor
+from extender.queues import Admitted
+from solver import (
+    ClusterSnapshot,
+    DeviceAssignment,
+    GangPlan,
+    GangRequest,
+    Outcome,
+    PlanResult,
+    RunningPod,
+    SolverParams,
+    SolveStatus,
+)
 
 log = structlog.get_logger("phalanx.gangs")
 
@@ -61,6 +74,9 @@ BINDING_GRACE_S = 120.0  # once the gate opened, binds finish long before this; 
 PREEMPT_MEMO_S = 5.0  # how long the answer to "would evictions place this gang?" is reused
 PREEMPT_TIME_LIMIT_S = 0.25  # the what-if solve runs in kube-scheduler's PostFilter: keep it short
 MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
+AWAITING_VICTIMS = "waiting for preempted pods to leave"
+PREEMPT_RETRY_S = 3.0  # a gang that could not preempt asks the solver again at most this often
+PREEMPT_SOLVE_S = 0.5  # inner solves of the victim search
 WAITING_QUORUM = requests.WAITING_QUORUM
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
@@ -72,6 +88,21 @@ class GangStats(Protocol):
     def planned(self, again: bool) -> None: ...
     def scheduled(self, quorum_to_bound_s: float) -> None: ...
     def timed_out(self) -> None: ...
+
+
+class Admission(Protocol):
+    """Queues and quotas (`extender/queues.py`): may a gang take capacity now?"""
+
+    def check_gang(self, pods: list[PodInfo], extra: dict[str, dict[str, int]]) -> Admitted: ...
+    def check_limit(self, queue: str, need: dict[str, int], extra: dict[str, dict[str, int]], what: str) -> str: ...
+
+
+class AdmitAll:
+    def check_gang(self, pods: list[PodInfo], extra: dict[str, dict[str, int]]) -> Admitted:
+        return Admitted("", {})
+
+    def check_limit(self, queue: str, need: dict[str, int], extra: dict[str, dict[str, int]], what: str) -> str:
+        return ""
 
 
 class NoStats:
@@ -111,6 +142,9 @@ class GangState:
     preemption: tuple[tuple[int, int], bool, float] | None = None  # ((members, priority), helps, until)
     quorum_noted: str = ""  # the last "waiting for gang quorum n/m" written to the gang's status
     quorum_at: float = 0.0  # monotonic time quorum was first seen (for quorum-to-bound time)
+    victims: set[str] = field(default_factory=set)  # pods evicted for this plan, not gone yet: the gate waits
+    preempt_tried: float = -PREEMPT_RETRY_S  # monotonic time of the last victim search
+    swept: float = -PREEMPT_RETRY_S  # monotonic time the sweep last planned it unasked
 
 
 class GangManager:
@@ -125,12 +159,17 @@ class GangManager:
         bind_wait_cap_s: float = 25.0,
         ri: RISource | None = None,
         stats: GangStats | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.cache = cache
         self.objects = objects
         self.params = params
         self.notify = notify
         self.stats: GangStats = stats or NoStats()
+        self.admission: Admission = admission or AdmitAll()
+        self.preemptor: Preemptor | None = None  # gang-aware preemption (set by the app)
+        self.queue_config: Callable[[], QueuesConfig] = QueuesConfig
+        self.ours: Callable[[PodInfo], bool] = lambda pod: True  # pods of a scheduler that calls us
         self.nudge: Nudge = nudge or no_nudge
         self.bind_wait_cap_s = bind_wait_cap_s
         self.ri = ri
@@ -178,6 +217,11 @@ class GangManager:
             reservation = state.plan.get(pod.uid)
             if reservation is not None and reservation.node in names:
                 return Verdict.fits([reservation.node])
+            if reservation is not None and state.victims:
+                # kube-scheduler counts the evicted pods until they are gone: the node is no
+                # candidate yet, and the reservation holds until then (or its deadline).
+                state.parked.add(pod.uid)
+                return Verdict.unschedulable(f"{AWAITING_VICTIMS}: {len(state.victims)} on the planned nodes")
             if reservation is not None:
                 self._release(state, "planned node is no longer a candidate")
             if spec.declared and spec.min_count > spec.declared:
@@ -227,6 +271,9 @@ class GangManager:
                 entries = self._entries(trigger)
                 if not entries:
                     return
+                entries, admitted = self._admit(entries)
+                if not entries:
+                    return
                 snapshot = self.cache.snapshot()
                 hardware = self.cache.hardware
                 asks = [
@@ -237,6 +284,7 @@ class GangManager:
             started = time.perf_counter()
             result, invalid = self._solve(snapshot, asks)
             elapsed_ms = (time.perf_counter() - started) * 1000
+            unplaced: list[tuple[GangState, Entry, GangRequest, int]] = []
             with self.lock:
                 for entry, epoch, ask in zip(entries, epochs, asks, strict=True):
                     state = self.gangs.get(entry.key)
@@ -255,11 +303,108 @@ class GangManager:
                     if gang.outcome is Outcome.PLACED:
                         assert result is not None
                         ask = next(a for a in asks if a.name == gang.gang)
-                        self._reserve(state, entry, gang, ask, result, snapshot)
+                        over = self.admission.check_limit(
+                            admitted[entry.key].queue, _placed_need(ask, gang, snapshot), {}, "gang"
+                        )
+                        if over:  # a per-model limit the placement crosses (or usage moved meanwhile)
+                            self._wait(state, entry, over, snapshot.generation)
+                        else:
+                            self._reserve(state, entry, gang, ask, result, snapshot)
                     elif gang.explanation.startswith(solver.INVALID_REQUEST):  # the solver's admission
                         self._invalid(state, entry.spec, gang.explanation)
                     else:
                         self._not_placed(state, entry, gang, snapshot.generation)
+                        if gang.outcome is Outcome.UNSCHEDULABLE:
+                            ask = next(a for a in asks if a.name == gang.gang)
+                            unplaced.append((state, entry, ask, epoch))
+            self._preempt_for(unplaced, snapshot, admitted)
+
+    def _preempt_for(
+        self,
+        unplaced: list[tuple[GangState, Entry, GangRequest, int]],
+        snapshot: ClusterSnapshot,
+        admitted: dict[str, Admitted],
+    ) -> None:
+        """Gang-aware preemption for the highest-priority gang of this solve that did not fit
+        (it has quorum and a definition: only such gangs are solved): the solver picks whole
+        victim units, the plan they make possible is reserved first (nothing else takes the
+        freed capacity), then the victims are evicted; the gate opens once they are gone.
+        Runs under `_solving`, so no other solve sees the capacity before it is reserved."""
+        now = time.monotonic()
+        due = [u for u in unplaced if self.preemptor is not None and now - u[0].preempt_tried >= PREEMPT_RETRY_S]
+        if not due or self.preemptor is None:
+            return
+        state, entry, ask, epoch = max(due, key=lambda u: (self._priority(u[0]), -len(u[0].key)))
+        state.preempt_tried = now
+        verdict = admitted[entry.key]
+        who = Claimant(entry.key, verdict.queue, self._priority(state), ask, verdict.need)
+        params = self.params()
+        params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_SOLVE_S))
+        decision = self.preemptor.decide(snapshot, who, params)
+        if isinstance(decision, str):
+            log.info("no preemption for the gang", gang=entry.key, reason=decision)
+            return
+        with self.lock:
+            if state.released != epoch or state.plan:
+                return
+            result = PlanResult(SolveStatus.FEASIBLE, (decision.plan,))
+            if not self._reserve(state, entry, decision.plan, ask, result, snapshot, victims=decision.running):
+                return
+            state.victims = {p.uid for p in decision.victims}
+            state.deadline = time.monotonic() + self.queue_config().reservation_seconds
+            self.notify(entry.spec, "Preempting", decision.summary, "Normal")
+        self.preemptor.execute(decision, who)
+
+    def _wake_planned(self, state: GangState) -> None:
+        """The evicted pods are gone: wake the planned members kube-scheduler parked meanwhile."""
+        for uid, reservation in state.plan.items():
+            pod = self.cache.pod(uid)
+            if pod is not None and not pod.node and uid in state.parked:
+                self.nudge(pod.namespace, pod.name, f"{state.plans}:room", nominate=reservation.node)
+        state.parked.difference_update(state.plan)
+
+    def _priority(self, state: GangState) -> int:
+        """A gang's priority: its definition's or its members' (PriorityClass), the higher, plus
+        `agingPerMinute` for each minute since quorum."""
+        members = self.membership.member_pods(state.key)
+        base = max([state.spec.priority if state.spec is not None else 0, *(p.priority for p in members)])
+        rate = self.queue_config().aging_per_minute
+        if not rate or not state.quorum_at:
+            return base
+        return base + int(rate * (time.monotonic() - state.quorum_at) / 60)
+
+    def _admit(self, entries: list[Entry]) -> tuple[list[Entry], dict[str, Admitted]]:
+        """The entries their queues let take capacity now (each admitted one's need counted
+        for the next, as the solve may place them all), and each admitted gang's queue. A
+        refused gang waits with its queue's message; it is retried when the cluster changes."""
+        admitted: list[Entry] = []
+        queues: dict[str, Admitted] = {}
+        extra: dict[str, dict[str, int]] = {}
+        for entry in entries:
+            state = self.gangs.get(entry.key)
+            verdict = self.admission.check_gang(_quorum_pods(entry), extra)
+            if verdict.refusal:
+                if state is not None:
+                    self._wait(state, entry, verdict.refusal, self.cache.generation)
+                continue
+            admitted.append(entry)
+            queues[entry.key] = verdict
+            total = extra.setdefault(verdict.queue, {})
+            for k, v in verdict.need.items():
+                total[k] = total.get(k, 0) + v
+        return admitted, queues
+
+    def _wait(self, state: GangState, entry: Entry, reason: str, generation: int) -> None:
+        """Not placed for a reason outside the solver (its queue): Unschedulable, retried when
+        the cluster changes."""
+        members = len(entry.members.pending) + len(entry.members.bound) + len(state.plan)
+        state.failed_attempt = (generation, members)
+        state.outcome = Fit.UNSCHEDULABLE
+        if state.reason != reason:
+            state.reason = reason
+            state.phase = GangPhase.PENDING
+            self.notify(entry.spec, "Unschedulable", reason, "Warning")
+            log.info("gang waits for its queue", gang=state.key, reason=reason)
 
     def _solve(self, snapshot: ClusterSnapshot, asks: list[GangRequest]) -> tuple[PlanResult | None, dict[str, str]]:
         """The joint solve. The solver answers an invalid request (an unknown topology level, a
@@ -312,7 +457,14 @@ class GangManager:
             entry = self._entry(state)
             if entry is not None:
                 others.append(entry)
-        others.sort(key=lambda e: (-e.spec.priority, e.key))
+        # Inside a queue (and across): priority, then age (the oldest member's creation).
+        others.sort(
+            key=lambda e: (
+                -self._priority(self.gangs[e.key]),
+                min((p.created for p in e.members.pending), default=""),
+                e.key,
+            )
+        )
         return out + others[:most] if out else []
 
     def _entry(self, state: GangState) -> Entry | None:
@@ -344,7 +496,10 @@ class GangManager:
         ask: GangRequest,
         result: PlanResult,
         snapshot: ClusterSnapshot,
-    ) -> None:
+        *,
+        victims: tuple[RunningPod, ...] = (),
+    ) -> bool:
+        """Reserve a placed gang (with `victims`: a plan that holds once those pods are gone)."""
         spec = entry.spec
         status = result.status.value
         taken: dict[str, int] = {}
@@ -356,11 +511,13 @@ class GangManager:
         # The solve ran without locks: a single pod may have taken a planned device meanwhile.
         # Re-check the plan against the nodes as they are now and reserve it, atomically.
         one = replace(result, gangs=(gang,))
-        if not self.cache.assume_all(placements, lambda nodes: not solver.validate_plan(nodes, [ask], one)):
+        if not self.cache.assume_all(
+            placements, lambda nodes: not solver.validate_plan(_freed(nodes, victims), [ask], one)
+        ):
             state.failed_attempt = (-1, -1)  # not a failure: the next filter or sweep plans again
             state.reason = CAPACITY_MOVED
             log.info("gang plan outdated before it was reserved; planning again", gang=state.key)
-            return
+            return False
         state.plans += 1
         self.stats.planned(state.plans > 1)
         state.deadline = time.monotonic() + spec.timeout_s
@@ -394,6 +551,7 @@ class GangManager:
             domains=gang.domains_used,
             solve_ms=round(state.solve_ms, 1),
         )
+        return True
 
     def _expire(self, state: GangState) -> None:
         if state.plan and state.deadline and time.monotonic() > state.deadline:
@@ -405,6 +563,7 @@ class GangManager:
         self.cache.forget_unbound(list(state.plan))
         state.plan.clear()
         state.arrived.clear()
+        state.victims.clear()
         state.deadline = 0.0
         state.released += 1
         state.reason = reason
@@ -463,16 +622,19 @@ class GangManager:
         return helps
 
     def splits_a_gang(self, victims: set[str]) -> str:
-        """Why evicting `victims` (pod uids) would break a gang that is disrupted only whole
-        (a PodGroup with `disruptionMode: all` whose members are not all among them), or ""."""
+        """Why evicting `victims` (pod uids) would break a gang, or "": a gang disrupted only
+        whole (a PodGroup with `disruptionMode: all`) whose members are not all among them, or
+        any gang left running below its minCount."""
         for pod in self.cache.pods(victims):
             resolved = self._resolve(pod)
-            if resolved is None or resolved[1].spec is None or not resolved[1].spec.disrupt_together:
+            if resolved is None or resolved[1].spec is None:
                 continue
-            key = resolved[0]
-            spared = [p.name for p in self.membership.member_pods(key) if p.uid not in victims]
-            if spared:
+            key, spec = resolved[0], resolved[1].spec
+            spared = [p.name for p in self.membership.member_pods(key) if p.uid not in victims and p.node]
+            if spared and spec.disrupt_together:
                 return f"gang {key} is disrupted only whole; {len(spared)} member(s) would stay, e.g. {spared[0]}"
+            if spared and len(spared) < spec.min_count:
+                return f"gang {key} would keep {len(spared)} running member(s), below its minCount {spec.min_count}"
         return ""
 
     # ------------------------------------------------------------------ permit at bind
@@ -520,8 +682,9 @@ class GangManager:
 
     @staticmethod
     def _gate_open(state: GangState) -> bool:
-        """Every planned member still unbound has reached bind (bound ones leave the plan)."""
-        return len(state.arrived) >= len(state.plan)
+        """Every planned member still unbound has reached bind (bound ones leave the plan),
+        and every pod evicted to make room is gone."""
+        return len(state.arrived) >= len(state.plan) and not state.victims
 
     def bound(self, pod: PodInfo) -> None:
         """A member's binding succeeded: once all are bound, the gang is Scheduled."""
@@ -586,6 +749,14 @@ class GangManager:
                 if not pod.node:
                     self.nudge(pod.namespace, pod.name, f"definition:{time.time():.0f}")
 
+    def retry_waiting(self) -> None:
+        """Queues changed (a limit raised, a queue created): every gang that waits is planned
+        again by the sweep, whatever the cache generation (a Queue is not in the cache)."""
+        with self.lock:
+            for state in self.gangs.values():
+                if not state.plan and state.failed_attempt != (-1, -1):
+                    state.failed_attempt = (-2, -1)
+
     def wake_all(self) -> None:
         """Wake every unbound gang member (once, after a start): members parked before a
         restart, or whose definition was listed before the pods were, have no other event
@@ -609,6 +780,11 @@ class GangManager:
         with self.lock:
             for state in list(self.gangs.values()):
                 self._expire(state)
+                if state.victims:
+                    state.victims = {uid for uid in state.victims if self.cache.placement(uid)[1]}
+                    if not state.victims:
+                        self.lock.notify_all()  # the gate may open now
+                        self._wake_planned(state)
                 gone = [uid for uid in state.plan if self.cache.pod(uid) is None]
                 if gone:
                     self._release(state, f"{len(gone)} planned members were deleted")
@@ -636,7 +812,62 @@ class GangManager:
             if not st.plan and st.spec is not None and st.spec.enabled and st.failed_attempt[0] not in (-1, generation)
         ]
         waiting.sort(key=lambda st: (-st.spec.priority if st.spec else 0, st.key))
-        return waiting[0] if waiting else None
+        if waiting:
+            return waiting[0]
+        return self._unasked()
+
+    def _unasked(self) -> GangState | None:
+        """A gang with quorum that kube-scheduler never brought to filter (its own filters
+        found every node full, and with no lower-priority pod to preempt it never calls the
+        preempt verb either): planned here, so preemption and reclaim can act for it. Once
+        per gang every PREEMPT_RETRY_S."""
+        now = time.monotonic()
+        for key in sorted(self.membership.gang_keys()):
+            known = self.gangs.get(key)
+            if known is not None and (
+                known.plan or known.failed_attempt != (-1, -1) or now - known.swept < PREEMPT_RETRY_S
+            ):
+                continue  # planned, or attempted (the retry path and the loop below take it), or just now
+            pods = [p for p in self.membership.member_pods(key) if not p.node]
+            if not pods or not self.ours(pods[0]):
+                continue
+            resolved = self._resolve(pods[0])
+            if resolved is None or resolved[1].spec is None:
+                continue
+            if requests.quorum_shortfall(resolved[1].spec, self.membership.member_pods(key)):
+                continue
+            state = self.gangs.setdefault(key, GangState(key))
+            state.spec = resolved[1].spec
+            state.swept = now
+            return state
+        if self.preemptor is None:
+            return None
+        due = [  # asked before and not placed: preemption may help now (round robin)
+            st
+            for st in self.gangs.values()
+            if not st.plan and st.spec is not None and st.failed_attempt[0] != -1 and now - st.swept >= PREEMPT_RETRY_S
+        ]
+        if not due:
+            return None
+        state = min(due, key=lambda st: (st.swept, st.key))
+        state.swept = now
+        return state
+
+    def preempt_for(self, pod: PodInfo) -> None:
+        """kube-scheduler's preemption asked for a gang member (its filters found no node):
+        plan the gang now, which preempts whole victim units if it does not fit."""
+        resolved = self._resolve(pod)
+        if resolved is None or resolved[1].spec is None:
+            return
+        key, spec = resolved[0], resolved[1].spec
+        with self.lock:
+            state = self.gangs.setdefault(key, GangState(key))
+            state.spec = spec
+            if state.plan or time.monotonic() - state.preempt_tried < PREEMPT_RETRY_S:
+                return
+            if requests.quorum_shortfall(spec, self.membership.member_pods(key)):
+                return
+        self._plan(state)
 
     # ------------------------------------------------------------------ read view
 
@@ -663,3 +894,39 @@ class GangManager:
             "nodes": {p.key: p.node for p in pods if p.node},
             "pods": sorted(p.key for p in pods),
         }
+
+
+def _quorum_pods(entry: Entry) -> list[PodInfo]:
+    """The pending members a plan must place at least (quorum less those bound or planned):
+    what the queue is asked to admit. The plan's own placement is checked again, exactly."""
+    placed = len(entry.members.bound) + len(entry.planned)
+    need = max(1, (entry.spec.min_count or len(entry.members.pending) + placed) - placed)
+    return entry.members.pending[:need]
+
+
+def _placed_need(ask: GangRequest, gang: GangPlan, snapshot: ClusterSnapshot) -> dict[str, int]:
+    """What a placed gang takes, per GPU model too (the devices' models are known now)."""
+    shapes = {g.name: g.shape for g in ask.groups}
+    nodes = {n.name: n for n in snapshot.nodes}
+    need: dict[str, int] = {}
+    for a in gang.assignments:
+        model, memory = "", 0
+        node = nodes.get(a.node)
+        if node is not None and a.devices:
+            device = next((d for d in node.gpus if d.index == a.devices[0].index), None)
+            if device is not None:
+                model, memory = device.model, device.memory_mib
+        for k, v in solver.usage_of(shapes[a.group], model=model, device_memory_mib=memory).items():
+            need[k] = need.get(k, 0) + v
+    return need
+
+
+def _freed(nodes: ClusterSnapshot, victims: tuple[RunningPod, ...]) -> ClusterSnapshot:
+    """The nodes as they will be once the victims are gone."""
+    if not victims:
+        return nodes
+    by_node: dict[str, list[RunningPod]] = {}
+    for v in victims:
+        by_node.setdefault(v.node, []).append(v)
+    freed = tuple(solver.free(n, by_node[n.name]) if n.name in by_node else n for n in nodes.nodes)
+    return replace(nodes, nodes=freed)

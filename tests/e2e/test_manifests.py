@@ -74,6 +74,8 @@ NOT_EXERCISED = {
     ("", "configmaps", "patch"): "POST/DELETE /api/v1/workload-types persist there (test_resource_interfaces)",
     ("scheduling.k8s.io", "podgroups/status", "patch"): "a native PodGroup gang's status (test_gangs)",
     ("", "pods", "get"): "a bind answered 409 reads the pod: was it bound where we wanted already?",
+    ("phalanx.io", "queues/status", "patch"): "a Queue's status, written once a Queue exists (test_queues)",
+    ("", "pods/eviction", "create"): "gang-aware preemption's evictions (test_queues)",
 }
 RI_GROUPS = {"kubeflow.org", "jobset.x-k8s.io", "leaderworkerset.x-k8s.io", "serving.kserve.io"}
 RI_GROUPS |= {"trainer.kubeflow.org", "ray.io", "apps", "batch"}

@@ -32,6 +32,8 @@ class FakeKube:
     list_kinds: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (apiVersion, kind) of its lists
     calls: list[tuple[str, str, Any]] = field(default_factory=list)
     fail_bind: bool = False
+    budget_refuses: set[str] = field(default_factory=set)  # pod names a disruption budget protects
+    evicted: list[str] = field(default_factory=list)  # "ns/name" of pods evicted (not dry runs)
 
     def request(
         self,
@@ -52,6 +54,12 @@ class FakeKube:
         parts = path.strip("/").split("/")
         if len(parts) >= 6 and parts[4] == "pods":
             key = f"{parts[3]}/{parts[5]}"
+            if method == "POST" and parts[-1] == "eviction":
+                if parts[5] in self.budget_refuses:
+                    return Response(429, {"message": "Cannot evict pod: it would violate a disruption budget."})
+                if not (body.get("deleteOptions") or {}).get("dryRun"):
+                    self.evicted.append(key)
+                return Response(201, {})
             pod = self.pods.get(key)
             if pod is None:
                 return Response(404, {"message": "not found"})
@@ -66,6 +74,14 @@ class FakeKube:
                     else:
                         pod.setdefault("status", {})[key] = value
                 return Response(200, pod)
+            if method == "POST" and parts[-1] == "eviction":
+                if parts[5] in self.budget_refuses:
+                    return Response(
+                        429, {"message": "Cannot evict pod as it would violate the pod's disruption budget."}
+                    )
+                if not (body.get("deleteOptions") or {}).get("dryRun"):
+                    self.evicted.append(key)
+                return Response(201, {})
             if method == "POST" and parts[-1] == "binding":
                 if self.fail_bind:
                     return Response(500, {"message": "etcd on fire"})

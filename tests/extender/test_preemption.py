@@ -1,0 +1,119 @@
+"""Gang-aware preemption and reclaim in the gang cycle: whole victim units chosen by the solver,
+evicted through the Eviction API after their plan is reserved, budgets respected, and nothing
+evicted for a gang without quorum.
+
+    rack b0-r0: n0 n1 n2 n3   (8 GPUs each)
+    low0 on n0+n1, low1 on n2+n3 (2 x 8 GPUs, priority 10); the preemptor asks 16 GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extender.binder import Binder
+from extender.cache import Cache
+from extender.config import QueuesConfig
+from extender.gangs.manager import AWAITING_VICTIMS, GangManager
+from extender.gangs.sources import WORKLOAD, GangObjects
+from extender.preemption import Preemptor
+from extender.queues import QueueBook
+from solver import SolverParams
+from tests.extender.fakes import FakeKube, node
+from tests.extender.test_gangs import LEVELS, Recorder, add, member, workload
+
+
+def prioritized(p: dict[str, Any], priority: int, **labels: str) -> dict[str, Any]:
+    p["spec"]["priority"] = priority
+    p["metadata"]["labels"] = {**p["metadata"]["labels"], **labels}
+    return p
+
+
+def setup(
+    *definitions: dict[str, Any], refuses: set[str] | None = None
+) -> tuple[GangManager, Cache, FakeKube, Recorder]:
+    cache = Cache(LEVELS)
+    cache.replace_nodes([node(f"n{i}") for i in range(4)])
+    objects = GangObjects()
+    objects.replace(WORKLOAD, [workload("low0", 2), workload("low1", 2), *definitions])
+    kube = FakeKube(budget_refuses=refuses or set())
+    rec = Recorder()
+    book = QueueBook(cache, QueuesConfig(), gang_of=lambda p: "")
+    mgr = GangManager(cache, objects, SolverParams, rec.notify, rec.nudge, bind_wait_cap_s=2, admission=book)
+    book.gang_of = mgr.gang_of
+    mgr.preemptor = Preemptor(
+        cache, Binder(kube), book, gang_of=mgr.gang_of, config=QueuesConfig, report=lambda obj, reason, message: None
+    )
+    for g, nodes in (("low0", ("n0", "n1")), ("low1", ("n2", "n3"))):
+        for i, where in enumerate(nodes):
+            add(cache, prioritized(member(f"{g}-{i}", g, node_name=where), 10))
+    return mgr, cache, kube, rec
+
+
+def test_a_high_priority_gang_evicts_one_whole_lower_priority_gang_and_waits_for_it_to_go() -> None:
+    mgr, cache, kube, _ = setup(workload("high", 2))
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
+    names = [f"n{i}" for i in range(4)]
+    mgr.filter(high[0], names)
+    victims = sorted(kube.evicted)
+    assert victims in (["default/low0-0", "default/low0-1"], ["default/low1-0", "default/low1-1"]), victims
+    state = mgr.gangs["wl:default/high"]
+    assert len(state.plan) == 2 and len(state.victims) == 2  # reserved before the victims are gone
+    planned = next(iter(state.plan.values())).node
+    answer = mgr.filter(high[0], [n for n in names if n != planned])  # kube-scheduler still counts them
+    assert answer is not None and answer.message.startswith(AWAITING_VICTIMS) and state.plan  # not released
+    for key in victims:
+        cache.pod_event("DELETED", kube_pod(key))
+    mgr.sweep()
+    assert not state.victims and mgr._gate_open(state) is False  # members have not reached bind yet
+
+
+def kube_pod(key: str) -> dict[str, Any]:
+    namespace, name = key.split("/")
+    return {"metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"}}
+
+
+def test_a_unit_a_disruption_budget_protects_is_left_and_the_other_chosen() -> None:
+    mgr, cache, kube, _ = setup(workload("high", 2), refuses={"low0-0"})
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    assert sorted(kube.evicted) == ["default/low1-0", "default/low1-1"]
+
+
+def test_equal_priority_in_the_same_queue_evicts_nothing() -> None:
+    mgr, cache, kube, _ = setup(workload("peer", 2))
+    peer = add(cache, *(prioritized(member(f"peer-{i}", "peer"), 10) for i in range(2)))
+    mgr.filter(peer[0], [f"n{i}" for i in range(4)])
+    assert kube.evicted == [] and not mgr.gangs["wl:default/peer"].plan
+
+
+def test_a_gang_without_quorum_evicts_nothing() -> None:
+    mgr, cache, kube, _ = setup(workload("high", 4))
+    high = add(cache, prioritized(member("high-0", "high"), 1000))
+    mgr.preempt_for(high[0])
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    mgr.sweep()
+    assert kube.evicted == []
+
+
+def test_a_queue_within_its_deserved_quota_reclaims_borrowed_gangs_whatever_their_priority() -> None:
+    mgr, cache, kube, _ = setup(workload("mine", 2))
+    book = mgr.admission
+    assert isinstance(book, QueueBook)
+    book.replace_queues(
+        [
+            {"metadata": {"name": "a"}, "spec": {}},
+            {"metadata": {"name": "b"}, "spec": {"deserved": {"gpu": 16}}},
+        ]
+    )
+    for g, nodes in (("low0", ("n0", "n1")), ("low1", ("n2", "n3"))):  # queue a deserves nothing: all borrowed
+        for i, where in enumerate(nodes):
+            cache.pod_event(
+                "MODIFIED", prioritized(member(f"{g}-{i}", g, node_name=where), 10, **{"phalanx.io/queue": "a"})
+            )
+    book.note_scheduler("default-scheduler")
+    mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
+    mgr.filter(mine[0], [f"n{i}" for i in range(4)])
+    assert len(kube.evicted) == 2 and {k.rsplit("-", 1)[0] for k in kube.evicted} in (
+        {"default/low0"},
+        {"default/low1"},
+    )
