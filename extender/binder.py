@@ -78,7 +78,11 @@ class Binder:
     def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str:
         """Evict a pod through the Eviction API (policy/v1), so PodDisruptionBudgets hold:
         "" when accepted (or the pod is gone already), else why not (a budget's 429 included).
-        The uid precondition keeps a pod recreated under the same name safe."""
+        The uid precondition keeps a pod recreated under the same name safe. Fenced like a
+        bind: a replica that does not lead evicts nothing."""
+        refusal = self.fence() if self.fence is not None else ""
+        if refusal:
+            return f"eviction of {namespace}/{name} not sent: {refusal}"
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
@@ -89,8 +93,8 @@ class Binder:
             body["deleteOptions"]["dryRun"] = ["All"]
         try:
             response = self.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction", body=body)
-        except OSError as e:
-            return f"eviction of {namespace}/{name} failed: {e}"
+        except Exception as e:  # OSError, a reply that does not decode: never into a verb
+            return f"eviction of {namespace}/{name} failed: {type(e).__name__}: {str(e)[:256]}"
         if response.status in (200, 201, 404):
             return ""
         message = response.body.get("message", "") if isinstance(response.body, dict) else ""

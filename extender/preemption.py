@@ -104,11 +104,17 @@ class Preemptor:
 
     def decide(self, snapshot: ClusterSnapshot, who: Claimant, params: SolverParams) -> Decision | str:
         """The victims for `who`, or why there are none."""
+        fenced = self.binder.fence() if self.binder.fence is not None else ""
+        if fenced:
+            return f"not preempting: {fenced}"
         units, pods = self._units(who)
         if not units:
             return "no lower-priority or borrowed workload to preempt"
         for _ in range(3):
-            choice = choose_victims(snapshot, who.request, list(units.values()), params=params)
+            try:
+                choice = choose_victims(snapshot, who.request, list(units.values()), params=params)
+            except (ValueError, KeyError, IndexError) as e:  # a request the solver rejects
+                return f"victim search failed: {type(e).__name__}: {str(e)[:256]}"
             if not choice.found or choice.plan is None:
                 return choice.explanation or "preemption cannot place the gang"
             if not choice.victims:
@@ -216,14 +222,17 @@ class Preemptor:
         running = tuple(r for u in chosen for r in u.pods)
         return Decision(choice.plan, victims, choice.victims, kind, summary, running)
 
-    def execute(self, decision: Decision, who: Claimant) -> int:
-        """Evict every victim pod; the number evicted. A refusal now (a budget changed since the
-        dry run) is logged and the rest still go: the unit is already broken."""
+    def execute(self, decision: Decision, who: Claimant) -> str:
+        """Evict every victim pod: "" when all went, else the first refusal. A refusal now (a
+        budget changed since the dry run) is logged and the rest still go: the unit is already
+        broken, and its other pods must not keep capacity the gang cannot use."""
         evicted = 0
+        refused = ""
         for pod in decision.victims:
             why = self.binder.evict(pod.namespace, pod.name, pod.uid)
             if why:
                 log.warning("eviction refused after its dry run", pod=pod.key, reason=why)
+                refused = refused or why
                 continue
             evicted += 1
             ref = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod.name, "namespace": pod.namespace}}
@@ -233,7 +242,7 @@ class Preemptor:
         made = self._counts.setdefault(who.queue, [0, 0])
         made[1 if decision.kind == RECLAIM else 0] += 1
         self.counted(who.queue, decision.kind, evicted)
-        return evicted
+        return refused
 
 
 def _victim_message(decision: Decision, who: Claimant, pod: PodInfo, queue: str) -> str:

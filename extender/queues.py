@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +54,7 @@ log = structlog.get_logger("phalanx.queues")
 QUEUE_LABELS = ("phalanx.io/queue", "kai.scheduler/queue", "scheduling.volcano.sh/queue-name")
 NAMESPACE_LABEL = "phalanx.io/queue"
 NO_SUCH_QUEUE = "no such Queue"
+DIRTY_MOST = 100_000
 Vector = dict[str, int]
 
 
@@ -77,7 +79,7 @@ class Admitted:
 
 @dataclass(slots=True)
 class _Derived:
-    key: tuple[int, int, int]
+    key: tuple[int, int, int, str]
     capacity: Vector
     used: dict[str, Vector]  # rolled up
     demand: dict[str, Vector]  # rolled up: used + pending
@@ -185,9 +187,20 @@ class QueueBook:
         self._derived: _Derived | None = None
         self.waits: Callable[[str, float], None] = lambda queue, seconds: None  # /metrics hook
         self.changed: Callable[[], None] = lambda: None  # Queues changed: waiting gangs try again
-        cache.on_count(self._dirty.append)  # a list's append and a prefix `del` are atomic
+        cache.on_count(self._mark)
 
     # ------------------------------------------------------------------ inputs
+
+    def _mark(self, uid: str) -> None:
+        """The cache's listener (under its lock: record only). A list's append and a prefix
+        `del` are atomic; with no Queue objects, or past DIRTY_MOST unread (a standby nobody
+        asks), one full re-read later replaces the list."""
+        if not self._objects or len(self._dirty) > DIRTY_MOST:
+            self._all_dirty = True
+            if self._dirty:
+                del self._dirty[:]
+            return
+        self._dirty.append(uid)
 
     @property
     def active(self) -> bool:
@@ -205,14 +218,23 @@ class QueueBook:
             self.changed()  # outside the lock: the gang manager's lock comes before this one
 
     def replace_queues(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """A (re-)list: the new set is built aside and swapped in whole, so a check that reads
+        without the lock never sees it half filled."""
+        objects: dict[str, QueueSpec] = {}
+        problems: dict[str, list[str]] = {}
+        for obj in items:
+            spec, found = parse_queue(obj)
+            if spec.name:
+                if self._objects.get(spec.name) != spec:
+                    for problem in found:
+                        log.warning("queue spec problem", problem=problem)
+                objects[spec.name], problems[spec.name] = spec, found
         with self.lock:
-            before = dict(self._objects)
-            self._objects.clear()
-            self._problems.clear()
-            for obj in items:
-                self._set_queue(obj)
-            if self._objects == before and self._tree_version:
+            if objects == self._objects and self._tree_version:
                 return  # a re-list that changed no spec
+            if objects and not self._objects:
+                self._all_dirty = True  # nothing was recorded while queues were off
+            self._objects, self._problems = objects, problems
             self._rebuild_tree()
         self.changed()
 
@@ -224,6 +246,8 @@ class QueueBook:
                 self._objects.pop(name, None)
                 self._problems.pop(name, None)
             else:
+                if not self._objects:
+                    self._all_dirty = True  # nothing was recorded while queues were off
                 self._set_queue(obj)
             if self._objects.get(name) == before:
                 return  # a status write (ours), or a change of nothing Phalanx reads
@@ -251,11 +275,16 @@ class QueueBook:
         self._tree_version += 1
 
     def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        fresh: dict[str, str] = {}
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            label = (meta.get("labels") or {}).get(NAMESPACE_LABEL, "")
+            if label:
+                fresh[str(meta.get("name", ""))] = str(label)
         with self.lock:
-            self._namespaces = {}
-            for obj in items:
-                self._set_namespace(obj)
-            self._all_dirty = True
+            if fresh != self._namespaces:
+                self._namespaces = fresh  # swapped whole: readers never see it half filled
+                self._all_dirty = True
 
     def namespace_event(self, kind: str, obj: Mapping[str, Any]) -> None:
         meta = obj.get("metadata") or {}
@@ -349,7 +378,7 @@ class QueueBook:
     def _state(self) -> _Derived:
         """Capacity, rolled-up usage and demand, fair shares: rebuilt only when something moved."""
         self._settle()
-        key = (self._version, self.cache.nodes_version, self._tree_version)
+        key = (self._version, self.cache.nodes_version, self._tree_version, self.config.fair_share)
         if self._derived is not None and self._derived.key == key:
             return self._derived
         capacity = (
@@ -430,6 +459,11 @@ class QueueBook:
             )
         return Admitted(queue, need, refusal)
 
+    def guard(self) -> AbstractContextManager[Any]:
+        """Held across a limit check and the assumption it allows (single binds, gang
+        reservations), so two never pass a limit together."""
+        return self.bind_lock if self._objects else nullcontext()
+
     def bind_check(self, pod: PodInfo) -> str:
         """Bind's limit check for a single pod (hold `bind_lock` across it and the assume)."""
         if not self._objects:
@@ -453,7 +487,9 @@ class QueueBook:
     def views(self) -> list[QueueView]:
         with self.lock:
             state = self._state()
-            pending = self._pending_by_queue()
+            waiting = [(uid, e.queue, e.since) for uid, e in self._entries.items() if e.pending]
+        pending = self._pending_by_queue(waiting)  # gang keys may run jq: not under the lock
+        with self.lock:
             now = time.time()
             out = []
             for name in self.tree.names:
@@ -474,21 +510,19 @@ class QueueBook:
                 out.append(view)
             return out
 
-    def _pending_by_queue(self) -> dict[str, tuple[int, int, float]]:
+    def _pending_by_queue(self, waiting: list[tuple[str, str, float]]) -> dict[str, tuple[int, int, float]]:
         """Per queue: pending pods, pending gangs (distinct gang keys; a single pod counts as
         none) and the oldest pending pod's creation time."""
         pods: dict[str, int] = {}
         gangs: dict[str, set[str]] = {}
         oldest: dict[str, float] = {}
-        for uid, entry in self._entries.items():
-            if not entry.pending:
-                continue
-            pods[entry.queue] = pods.get(entry.queue, 0) + 1
-            oldest[entry.queue] = min(oldest.get(entry.queue, entry.since), entry.since)
+        for uid, queue, since in waiting:
+            pods[queue] = pods.get(queue, 0) + 1
+            oldest[queue] = min(oldest.get(queue, since), since)
             pod = self.cache.pod(uid)
             key = self.gang_of(pod) if pod is not None else ""
             if key:
-                gangs.setdefault(entry.queue, set()).add(key)
+                gangs.setdefault(queue, set()).add(key)
         return {q: (n, len(gangs.get(q, ())), oldest[q]) for q, n in pods.items()}
 
 

@@ -56,6 +56,7 @@ log = structlog.get_logger("phalanx.verbs")
 
 INVALID_REQUEST = "invalid GPU request"
 NOT_IN_CACHE = "node unknown to phalanx"
+HELD = "capacity held for a gang that has waited long at the head of its queue"
 BOUND, NOT_BOUND, UNKNOWN = "bound", "not bound", "unknown"  # what a failed bind did
 CORDON = ("node.kubernetes.io/unschedulable", "", "NoSchedule")  # the taint a cordon stands for
 PARSED_PODS = 128  # parsed pods kept (watch lag only: the watch's reading comes first): 8 MiB at most
@@ -151,7 +152,20 @@ class Verbs:
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod, names = self._pod(args), self._node_names(args)
-        return self._filter_reply(self._sample(pod, self._verdict(pod, names)), names, pod)
+        return self._filter_reply(self._sample(pod, self._unheld(pod, self._verdict(pod, names))), names, pod)
+
+    def _unheld(self, pod: PodInfo, verdict: Verdict) -> Verdict:
+        """A single pod kept off capacity held for a starving gang (extender/gangs/holds.py)."""
+        if self.gangs is None or not self.gangs.holds.by_gang or verdict.outcome not in (Fit.FITS, Fit.PASSTHROUGH):
+            return verdict
+        if self.gangs.gang_of(pod):
+            return verdict  # a gang member: its plan already kept off others' holds
+        blocked = self.gangs.held_against(pod)
+        kept = [n for n in verdict.passed if n not in blocked]
+        if len(kept) == len(verdict.passed):
+            return verdict
+        failed = {**verdict.failed, **{n: HELD for n in verdict.passed if n in blocked}}
+        return Verdict(Fit.FITS if kept else Fit.UNSCHEDULABLE, kept, failed=failed)
 
     def _verdict(self, pod: PodInfo, names: list[str]) -> Verdict:
         if pod.error:
@@ -498,7 +512,7 @@ class Verbs:
         no candidates at all when no eviction can place its gang (no quorum, no definition,
         a plan already, or no fit even with every lower-priority pod gone)."""
         pod, victims = self._pod(args), wire.victims(args)
-        single = self.gangs is None or not self.gangs.gang_of(pod)
+        single = self.gangs is None or not self.gangs.is_member(pod)
         if self.queues is not None and single and self.queues.check_pod(pod):
             # Over its queue's limit or fair share: evicting others' pods changes neither.
             self.metrics.outcomes.labels("preempt", "queue").inc()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -41,6 +42,7 @@ import structlog
 import solver
 from extender.cache import Cache
 from extender.config import QueuesConfig
+from extender.gangs import holds as held
 from extender.gangs import requests
 from extender.gangs.membership import Membership, Nudge, no_nudge
 from extender.gangs.requests import Entry, Members
@@ -50,7 +52,7 @@ from extender.gangs.ri_source import RISource
 from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve
 from extender.objects import PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
-from extender.preemption import Claimant, Preemptor
+from extender.preemption import Claimant, Decision, Preemptor
 from extender.queues import Admitted
 from solver import (
     ClusterSnapshot,
@@ -77,6 +79,7 @@ MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
 AWAITING_VICTIMS = "waiting for preempted pods to leave"
 PREEMPT_RETRY_S = 3.0  # a gang that could not preempt asks the solver again at most this often
 PREEMPT_SOLVE_S = 0.5  # inner solves of the victim search
+HOLD_RETRY_S = 10.0  # a starving gang that got no hold (it fits nowhere even empty) asks again after this
 WAITING_QUORUM = requests.WAITING_QUORUM
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
@@ -95,9 +98,17 @@ class Admission(Protocol):
 
     def check_gang(self, pods: list[PodInfo], extra: dict[str, dict[str, int]]) -> Admitted: ...
     def check_limit(self, queue: str, need: dict[str, int], extra: dict[str, dict[str, int]], what: str) -> str: ...
+    def queue_of(self, pod: PodInfo) -> str: ...
+    def guard(self) -> AbstractContextManager[Any]: ...
 
 
 class AdmitAll:
+    def queue_of(self, pod: PodInfo) -> str:
+        return ""
+
+    def guard(self) -> AbstractContextManager[Any]:
+        return nullcontext()
+
     def check_gang(self, pods: list[PodInfo], extra: dict[str, dict[str, int]]) -> Admitted:
         return Admitted("", {})
 
@@ -145,6 +156,8 @@ class GangState:
     victims: set[str] = field(default_factory=set)  # pods evicted for this plan, not gone yet: the gate waits
     preempt_tried: float = -PREEMPT_RETRY_S  # monotonic time of the last victim search
     swept: float = -PREEMPT_RETRY_S  # monotonic time the sweep last planned it unasked
+    swept_generation: int = -1  # the cache generation it was last planned at by the sweep
+    hold_tried: float = -HOLD_RETRY_S  # monotonic time a starvation hold was last looked for
 
 
 class GangManager:
@@ -170,12 +183,14 @@ class GangManager:
         self.preemptor: Preemptor | None = None  # gang-aware preemption (set by the app)
         self.queue_config: Callable[[], QueuesConfig] = QueuesConfig
         self.ours: Callable[[PodInfo], bool] = lambda pod: True  # pods of a scheduler that calls us
+        self.holds = held.Holds()  # starvation holds (extender/gangs/holds.py)
         self.nudge: Nudge = nudge or no_nudge
         self.bind_wait_cap_s = bind_wait_cap_s
         self.ri = ri
         self.membership = Membership(cache, ri, self.nudge)
         self.gangs: dict[str, GangState] = {}
         self._last_retry = 0.0
+        self._last_starving = 0.0
         self.lock = threading.Condition(threading.RLock())
         self._solving = threading.Lock()
 
@@ -277,7 +292,11 @@ class GangManager:
                 snapshot = self.cache.snapshot()
                 hardware = self.cache.hardware
                 asks = [
-                    requests.request(snapshot, e, hardware=hardware, pool_models=self.cache.pool_models)
+                    held.fence(
+                        requests.request(snapshot, e, hardware=hardware, pool_models=self.cache.pool_models),
+                        snapshot,
+                        self._held_against(e, admitted[e.key].queue),
+                    )
                     for e in entries
                 ]
                 epochs = [st.released if (st := self.gangs.get(e.key)) is not None else -1 for e in entries]
@@ -303,13 +322,14 @@ class GangManager:
                     if gang.outcome is Outcome.PLACED:
                         assert result is not None
                         ask = next(a for a in asks if a.name == gang.gang)
-                        over = self.admission.check_limit(
-                            admitted[entry.key].queue, _placed_need(ask, gang, snapshot), {}, "gang"
-                        )
-                        if over:  # a per-model limit the placement crosses (or usage moved meanwhile)
-                            self._wait(state, entry, over, snapshot.generation)
-                        else:
-                            self._reserve(state, entry, gang, ask, result, snapshot)
+                        with self.admission.guard():  # no single pod's bind passes the limit meanwhile
+                            over = self.admission.check_limit(
+                                admitted[entry.key].queue, _placed_need(ask, gang, snapshot), {}, "gang"
+                            )
+                            if over:  # a per-model limit the placement crosses (or usage moved meanwhile)
+                                self._wait(state, entry, over, snapshot.generation)
+                            else:
+                                self._reserve(state, entry, gang, ask, result, snapshot)
                     elif gang.explanation.startswith(solver.INVALID_REQUEST):  # the solver's admission
                         self._invalid(state, entry.spec, gang.explanation)
                     else:
@@ -344,16 +364,96 @@ class GangManager:
         if isinstance(decision, str):
             log.info("no preemption for the gang", gang=entry.key, reason=decision)
             return
-        with self.lock:
+        with self.lock, self.admission.guard():
             if state.released != epoch or state.plan:
+                return
+            over = self.admission.check_limit(verdict.queue, _placed_need(ask, decision.plan, snapshot), {}, "gang")
+            if over:
+                self._wait(state, entry, over, snapshot.generation)
                 return
             result = PlanResult(SolveStatus.FEASIBLE, (decision.plan,))
             if not self._reserve(state, entry, decision.plan, ask, result, snapshot, victims=decision.running):
                 return
             state.victims = {p.uid for p in decision.victims}
             state.deadline = time.monotonic() + self.queue_config().reservation_seconds
+            epoch = state.released
             self.notify(entry.spec, "Preempting", decision.summary, "Normal")
-        self.preemptor.execute(decision, who)
+        # The evictions are API calls: on their own thread, never holding `_solving`.
+        threading.Thread(target=self._evict, args=(state, epoch, decision, who), name="evict", daemon=True).start()
+
+    def _evict(self, state: GangState, epoch: int, decision: Decision, who: Claimant) -> None:
+        """Carry out the evictions; one refused after its dry run (a budget changed, this
+        replica stopped leading) drops the reservation at once rather than holding it for
+        nothing until its deadline."""
+        assert self.preemptor is not None
+        refused = self.preemptor.execute(decision, who)
+        if refused:
+            with self.lock:
+                if state.released == epoch:
+                    self._release(state, f"preemption stopped: {refused}")
+
+    def _held_against(self, entry: Entry, queue: str) -> frozenset[str]:
+        state = self.gangs.get(entry.key)
+        priority = self._priority(state) if state is not None else entry.spec.priority
+        return self.holds.blocked(gang=entry.key, queue=queue, priority=priority, backfill=self.queue_config().backfill)
+
+    def held_against(self, pod: PodInfo) -> frozenset[str]:
+        """Nodes a single pod may not use now: held for a starving gang (see holds.py)."""
+        if not self.holds.by_gang:
+            return frozenset()
+        with self.lock:
+            queue = self.admission.queue_of(pod)
+            return self.holds.blocked(
+                gang="", queue=queue, priority=pod.priority, backfill=self.queue_config().backfill
+            )
+
+    def _starving(self) -> tuple[GangState, Entry, str] | None:
+        """The head of a queue (highest priority, then oldest) that has had quorum for
+        `starvationSeconds` without a plan, and whose queue holds nothing yet."""
+        now = time.monotonic()
+        if now - self._last_starving < HOLD_RETRY_S / 2:
+            return None
+        self._last_starving = now
+        wait_s = self.queue_config().starvation_seconds
+        heads: dict[str, tuple[tuple[int, str, str], GangState, Entry]] = {}
+        for state in self.gangs.values():
+            if state.plan or state.spec is None or not state.spec.enabled or state.key in self.holds.by_gang:
+                continue
+            if state.phase is GangPhase.SCHEDULED or not state.quorum_at or now - state.quorum_at < wait_s:
+                continue  # cheap tests first: the entry reads every member
+            entry = self._entry(state)
+            if entry is None:
+                continue
+            queue = self.admission.queue_of(entry.members.pending[0])
+            rank = (-self._priority(state), min(p.created for p in entry.members.pending), state.key)
+            if queue not in heads or rank < heads[queue][0]:
+                heads[queue] = (rank, state, entry)
+        for queue, (_, state, entry) in sorted(heads.items()):
+            waited = now - state.quorum_at if state.quorum_at else 0.0
+            if waited >= wait_s and now - state.hold_tried >= HOLD_RETRY_S and self.holds.of_queue(queue) is None:
+                state.hold_tried = now
+                return state, entry, queue
+        return None
+
+    def _hold(self, state: GangState, entry: Entry, queue: str) -> None:
+        """Hold capacity for a starving gang (the solve runs without `lock`)."""
+        snapshot = self.cache.snapshot()
+        ask = requests.request(snapshot, entry, hardware=self.cache.hardware, pool_models=self.cache.pool_models)
+        nodes = held.choose(snapshot, ask, self.params())
+        if nodes is None:
+            return
+        with self.lock:
+            if state.plan or state.spec is None:
+                return
+            until = time.monotonic() + self.queue_config().reservation_seconds
+            self.holds.by_gang[state.key] = held.Hold(state.key, queue, self._priority(state), nodes, until)
+            waited = time.monotonic() - state.quorum_at
+            message = (
+                f"capacity held on {len(nodes)} nodes for {self.queue_config().reservation_seconds} s: "
+                f"waited {waited:.0f} s at the head of queue {queue or '-'}"
+            )
+            self.notify(state.spec, "Held", message, "Normal")
+            log.info("starvation hold", gang=state.key, nodes=len(nodes), queue=queue)
 
     def _wake_planned(self, state: GangState) -> None:
         """The evicted pods are gone: wake the planned members kube-scheduler parked meanwhile."""
@@ -475,6 +575,8 @@ class GangManager:
         members = self._members(state, pods)
         if not members.pending or requests.quorum_shortfall(spec, pods):
             return None
+        if not state.quorum_at:
+            state.quorum_at = time.monotonic()
         planned = {p.uid: p for p in pods}
         return Entry(state.key, spec, members, [(planned.get(uid), r.node) for uid, r in state.plan.items()])
 
@@ -511,14 +613,19 @@ class GangManager:
         # The solve ran without locks: a single pod may have taken a planned device meanwhile.
         # Re-check the plan against the nodes as they are now and reserve it, atomically.
         one = replace(result, gangs=(gang,))
-        if not self.cache.assume_all(
-            placements, lambda nodes: not solver.validate_plan(_freed(nodes, victims), [ask], one)
-        ):
+
+        def valid(nodes: ClusterSnapshot) -> bool:
+            # Victims that left meanwhile are free already: freeing them again would double-book.
+            present = tuple(v for v in victims if self.cache.placement(v.uid)[1] == v.node)
+            return not solver.validate_plan(_freed(nodes, present), [ask], one)
+
+        if not self.cache.assume_all(placements, valid):
             state.failed_attempt = (-1, -1)  # not a failure: the next filter or sweep plans again
             state.reason = CAPACITY_MOVED
             log.info("gang plan outdated before it was reserved; planning again", gang=state.key)
             return False
         state.plans += 1
+        self.holds.by_gang.pop(state.key, None)  # planned: whatever was held for it is its plan now
         self.stats.planned(state.plans > 1)
         state.deadline = time.monotonic() + spec.timeout_s
         for uid, node, devices in placements:
@@ -792,8 +899,14 @@ class GangManager:
             finished = [k for k, st in self.gangs.items() if not st.plan and not self.membership.has_members(k)]
             for key in finished:  # every member gone: forget the gang
                 del self.gangs[key]
+                self.holds.by_gang.pop(key, None)
+            for hold in self.holds.expire():
+                log.info("starvation hold ended", gang=hold.gang, nodes=len(hold.nodes))
+            starving = self._starving()
         if retry is not None:
             self._plan(retry)
+        if starving is not None:
+            self._hold(*starving)
 
     def _due_for_retry(self, every_s: float = 2.0) -> GangState | None:
         """A gang that did not fit, to plan again in the background when the cluster has
@@ -842,16 +955,25 @@ class GangManager:
             return state
         if self.preemptor is None:
             return None
-        due = [  # asked before and not placed: preemption may help now (round robin)
+        generation = self.cache.generation
+        due = [  # asked before, not placed, and the cluster changed since: preemption may help now
             st
             for st in self.gangs.values()
-            if not st.plan and st.spec is not None and st.failed_attempt[0] != -1 and now - st.swept >= PREEMPT_RETRY_S
+            if not st.plan
+            and st.spec is not None
+            and st.failed_attempt[0] != -1
+            and st.swept_generation != generation
+            and now - st.swept >= PREEMPT_RETRY_S
         ]
         if not due:
             return None
         state = min(due, key=lambda st: (st.swept, st.key))
-        state.swept = now
+        state.swept, state.swept_generation = now, generation
         return state
+
+    def is_member(self, pod: PodInfo) -> bool:
+        """Whether the pod is scheduled as a gang member (a definition it can use)."""
+        return self._resolve(pod) is not None
 
     def preempt_for(self, pod: PodInfo) -> None:
         """kube-scheduler's preemption asked for a gang member (its filters found no node):
@@ -893,6 +1015,7 @@ class GangManager:
             "plan": {planned[u]: r.node for u, r in state.plan.items() if u in planned},
             "nodes": {p.key: p.node for p in pods if p.node},
             "pods": sorted(p.key for p in pods),
+            "held": sorted(self.holds.by_gang[key].nodes) if key in self.holds.by_gang else [],
         }
 
 

@@ -8,6 +8,7 @@ evicted for a gang without quorum.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from extender.binder import Binder
@@ -20,6 +21,14 @@ from extender.queues import QueueBook
 from solver import SolverParams
 from tests.extender.fakes import FakeKube, node
 from tests.extender.test_gangs import LEVELS, Recorder, add, member, workload
+
+
+def evictions(kube: FakeKube, count: int) -> list[str]:
+    """The evictions, once `count` have been made (they run on their own thread)."""
+    end = time.monotonic() + 10
+    while len(kube.evicted) < count and time.monotonic() < end:
+        time.sleep(0.01)
+    return sorted(kube.evicted)
 
 
 def prioritized(p: dict[str, Any], priority: int, **labels: str) -> dict[str, Any]:
@@ -54,7 +63,7 @@ def test_a_high_priority_gang_evicts_one_whole_lower_priority_gang_and_waits_for
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
     names = [f"n{i}" for i in range(4)]
     mgr.filter(high[0], names)
-    victims = sorted(kube.evicted)
+    victims = evictions(kube, 2)
     assert victims in (["default/low0-0", "default/low0-1"], ["default/low1-0", "default/low1-1"]), victims
     state = mgr.gangs["wl:default/high"]
     assert len(state.plan) == 2 and len(state.victims) == 2  # reserved before the victims are gone
@@ -76,7 +85,7 @@ def test_a_unit_a_disruption_budget_protects_is_left_and_the_other_chosen() -> N
     mgr, cache, kube, _ = setup(workload("high", 2), refuses={"low0-0"})
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
     mgr.filter(high[0], [f"n{i}" for i in range(4)])
-    assert sorted(kube.evicted) == ["default/low1-0", "default/low1-1"]
+    assert evictions(kube, 2) == ["default/low1-0", "default/low1-1"]
 
 
 def test_equal_priority_in_the_same_queue_evicts_nothing() -> None:
@@ -113,7 +122,17 @@ def test_a_queue_within_its_deserved_quota_reclaims_borrowed_gangs_whatever_thei
     book.note_scheduler("default-scheduler")
     mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
     mgr.filter(mine[0], [f"n{i}" for i in range(4)])
-    assert len(kube.evicted) == 2 and {k.rsplit("-", 1)[0] for k in kube.evicted} in (
+    assert len(evictions(kube, 2)) == 2 and {k.rsplit("-", 1)[0] for k in kube.evicted} in (
         {"default/low0"},
         {"default/low1"},
     )
+
+
+def test_a_replica_that_does_not_lead_evicts_nothing_not_even_a_dry_run() -> None:
+    mgr, cache, kube, _ = setup(workload("high", 2))
+    assert mgr.preemptor is not None
+    mgr.preemptor.binder = Binder(kube, fence=lambda: "the scheduler beside this replica does not lead")
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    assert not [c for c in kube.calls if c[1].endswith("/eviction")]
+    assert not mgr.gangs["wl:default/high"].plan
