@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+import solver
 from solver import (
     FULL_SHARE,
     ClusterSnapshot,
@@ -28,7 +29,6 @@ from solver import (
     Outcome,
     Resources,
     SolverParams,
-    plan,
 )
 
 
@@ -89,7 +89,7 @@ def choose(snapshot: ClusterSnapshot, request: GangRequest, params: SolverParams
     scores = tuple((n.name, _freeness(n)) for n in snapshot.nodes if n.gpus)
     groups = tuple(replace(g, node_scores=scores) for g in request.groups)
     empty = replace(snapshot, nodes=tuple(_emptied(n) for n in snapshot.nodes))
-    result = plan(empty, [replace(request, groups=groups)], params=params)
+    result = solver.plan(empty, [replace(request, groups=groups)], params=params)
     gang = result.gangs[0]
     if gang.outcome is not Outcome.PLACED:
         return None
