@@ -102,12 +102,16 @@ class Preemptor:
         made = self._counts.get(queue, [0, 0])
         return made[0], made[1]
 
-    def decide(self, snapshot: ClusterSnapshot, who: Claimant, params: SolverParams) -> Decision | str:
-        """The victims for `who`, or why there are none."""
+    def decide(
+        self, snapshot: ClusterSnapshot, who: Claimant, params: SolverParams, *, claimed: frozenset[str] = frozenset()
+    ) -> Decision | str:
+        """The victims for `who`, or why there are none. `claimed`: pods already evicted for
+        another gang's reservation (still counted until gone): never a candidate again, or two
+        gangs would be planned into the same freed devices."""
         fenced = self.binder.fence() if self.binder.fence is not None else ""
         if fenced:
             return f"not preempting: {fenced}"
-        units, pods = self._units(who)
+        units, pods = self._units(who, claimed)
         if not units:
             return "no lower-priority or borrowed workload to preempt"
         for _ in range(3):
@@ -126,7 +130,7 @@ class Preemptor:
                 units.pop(name, None)
         return "disruption budgets refuse the evictions"
 
-    def _units(self, who: Claimant) -> tuple[dict[str, VictimUnit], dict[str, list[PodInfo]]]:
+    def _units(self, who: Claimant, claimed: frozenset[str]) -> tuple[dict[str, VictimUnit], dict[str, list[PodInfo]]]:
         """The candidate units (name -> unit) and their pods."""
         groups: dict[str, list[tuple[PodInfo, RunningPod]]] = {}
         inferred: dict[str, dict[str, tuple[DeviceAssignment, ...]]] = {}
@@ -147,8 +151,8 @@ class Preemptor:
         units: dict[str, VictimUnit] = {}
         pods: dict[str, list[PodInfo]] = {}
         for name, members in groups.items():
-            if any(not p.node or p.priority >= SYSTEM_PRIORITY for p, _ in members):
-                continue  # a reservation not bound yet, or system-critical: never a victim
+            if any(not p.node or p.priority >= SYSTEM_PRIORITY or p.uid in claimed for p, _ in members):
+                continue  # a reservation not bound yet, system-critical, or evicted for another gang already
             queue = self.queues.queue_of(members[0][0])
             priority = max(p.priority for p, _ in members)
             oldest = min(p.created for p, _ in members)

@@ -360,7 +360,9 @@ class GangManager:
         who = Claimant(entry.key, verdict.queue, self._priority(state), ask, verdict.need)
         params = self.params()
         params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_SOLVE_S))
-        decision = self.preemptor.decide(snapshot, who, params)
+        with self.lock:
+            claimed = frozenset(uid for st in self.gangs.values() for uid in st.victims)
+        decision = self.preemptor.decide(snapshot, who, params, claimed=claimed)
         if isinstance(decision, str):
             log.info("no preemption for the gang", gang=entry.key, reason=decision)
             return

@@ -3,7 +3,8 @@ evicted through the Eviction API after their plan is reserved, budgets respected
 evicted for a gang without quorum.
 
     rack b0-r0: n0 n1 n2 n3   (8 GPUs each)
-    low0 on n0+n1, low1 on n2+n3 (2 x 8 GPUs, priority 10); the preemptor asks 16 GPUs.
+    low0 on n0+n1 (priority 10), low1 on n2+n3 (priority 20), 2 x 8 GPUs each with their device
+    records; the preemptors ask 16 GPUs.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from extender.cache import Cache
 from extender.config import QueuesConfig
 from extender.gangs.manager import AWAITING_VICTIMS, GangManager
 from extender.gangs.sources import WORKLOAD, GangObjects
+from extender.objects import DEVICES_ANNOTATION, encode_devices
 from extender.preemption import Preemptor
 from extender.queues import QueueBook
-from solver import SolverParams
+from solver import DeviceAssignment, SolverParams
 from tests.extender.fakes import FakeKube, node
 from tests.extender.test_gangs import LEVELS, Recorder, add, member, workload
 
@@ -52,10 +54,13 @@ def setup(
     mgr.preemptor = Preemptor(
         cache, Binder(kube), book, gang_of=mgr.gang_of, config=QueuesConfig, report=lambda obj, reason, message: None
     )
-    for g, nodes in (("low0", ("n0", "n1")), ("low1", ("n2", "n3"))):
+    for g, nodes, priority in (("low0", ("n0", "n1"), 10), ("low1", ("n2", "n3"), 20)):
         for i, where in enumerate(nodes):
-            add(cache, prioritized(member(f"{g}-{i}", g, node_name=where), 10))
+            add(cache, prioritized(member(f"{g}-{i}", g, node_name=where, annotations=EIGHT), priority))
     return mgr, cache, kube, rec
+
+
+EIGHT = {DEVICES_ANNOTATION: encode_devices(tuple(DeviceAssignment(i, memory_mib=81920) for i in range(8)))}
 
 
 def test_a_high_priority_gang_evicts_one_whole_lower_priority_gang_and_waits_for_it_to_go() -> None:
@@ -136,3 +141,16 @@ def test_a_replica_that_does_not_lead_evicts_nothing_not_even_a_dry_run() -> Non
     mgr.filter(high[0], [f"n{i}" for i in range(4)])
     assert not [c for c in kube.calls if c[1].endswith("/eviction")]
     assert not mgr.gangs["wl:default/high"].plan
+
+
+def test_a_pod_evicted_for_one_gang_is_never_a_victim_for_another() -> None:
+    """Until the first gang's victims are gone they still count on their nodes: a second gang
+    must evict other units, not plan into the devices the first one holds."""
+    mgr, cache, kube, _ = setup(workload("high-a", 2), workload("high-b", 2))
+    a = add(cache, *(prioritized(member(f"high-a-{i}", "high-a"), 1000) for i in range(2)))
+    b = add(cache, *(prioritized(member(f"high-b-{i}", "high-b"), 1000) for i in range(2)))
+    names = [f"n{i}" for i in range(4)]
+    mgr.filter(a[0], names)
+    assert len(evictions(kube, 2)) == 2
+    mgr.filter(b[0], names)
+    assert evictions(kube, 4) == ["default/low0-0", "default/low0-1", "default/low1-0", "default/low1-1"]
