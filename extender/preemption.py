@@ -21,7 +21,7 @@ the choice out:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -44,6 +44,7 @@ from solver import (
     VictimUnit,
     borrowed,
     choose_victims,
+    freed,
 )
 
 log = structlog.get_logger("phalanx.preemption")
@@ -62,6 +63,7 @@ class Decision:
     kind: str  # PREEMPTION or RECLAIM
     summary: str
     running: tuple[RunningPod, ...]  # the victims as the solver freed them
+    freed: dict[str, dict[str, int]] = field(default_factory=dict)  # queue -> what the victims hold, negated
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +76,9 @@ class Claimant:
     priority: int
     request: GangRequest
     need: dict[str, int]
+    # A gang its quota refuses: queue -> resource -> what evicting work inside that queue (its
+    # own, or its children's) must free first (`solver.limit_excess`). Empty: capacity alone.
+    must_free: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 class Preemptor:
@@ -96,6 +101,7 @@ class Preemptor:
         self.report = report  # (object, reason, message): a Warning Event, queued
         self.counted = counted  # (preemptor's queue, kind, pods evicted): /metrics
         self._counts: dict[str, list[int]] = {}  # queue -> [preemptions, reclaims] it made
+        self._held: dict[str, dict[str, int]] = {}  # unit -> what its queue counts it holding (last search)
 
     def counts_of(self, queue: str) -> tuple[int, int]:
         """(preemptions, reclaims) made for gangs of `queue` since start (Queue status)."""
@@ -115,14 +121,22 @@ class Preemptor:
         if not units:
             return "no lower-priority or borrowed workload to preempt"
         for _ in range(3):
+            # First what the gang's quota needs gone (cheapest inside the limited queues), then
+            # the solver's cheapest set for room, on the cluster with those already freed.
+            forced = self._quota_victims(units, who)
+            if isinstance(forced, str):
+                return forced
+            rest = [u for n, u in units.items() if n not in forced]
             try:
-                choice = choose_victims(snapshot, who.request, list(units.values()), params=params)
+                room = freed(snapshot, [units[n] for n in forced])
+                choice = choose_victims(room, who.request, rest, params=params)
             except (ValueError, KeyError, IndexError) as e:  # a request the solver rejects
                 return f"victim search failed: {type(e).__name__}: {str(e)[:256]}"
             if not choice.found or choice.plan is None:
                 return choice.explanation or "preemption cannot place the gang"
-            if not choice.victims:
+            if not forced and not choice.victims:
                 return "fits without evictions"
+            choice = replace(choice, victims=(*forced, *choice.victims))
             refused = self._dry_run(choice, pods)
             if not refused:
                 return self._decision(choice, units, pods, who)
@@ -130,8 +144,28 @@ class Preemptor:
                 units.pop(name, None)
         return "disruption budgets refuse the evictions"
 
+    def _quota_victims(self, units: dict[str, VictimUnit], who: Claimant) -> list[str] | str:
+        """The cheapest candidates (lowest priority, borrowed first) inside each queue whose
+        limit refuses the gang, until they free what `who.must_free` says; why not, if every
+        candidate there is not enough. Empty when only capacity stands in the way."""
+        chosen: list[str] = []
+        for queue, amounts in sorted(who.must_free.items()):
+            inside = [n for n, u in units.items() if queue in {q.name for q in self.queues.tree.chain(u.queue)}]
+            inside.sort(key=lambda n: (units[n].priority, not units[n].borrowed, n))
+            for r, amount in sorted(amounts.items()):
+                freed = sum(self._held[n].get(r, 0) for n in chosen if n in inside)
+                for name in (n for n in inside if n not in chosen):
+                    if freed >= amount:
+                        break
+                    chosen.append(name)
+                    freed += self._held[name].get(r, 0)
+                if freed < amount:
+                    return f"queue {queue}: evicting every candidate frees {freed} of the {amount} {r} over its limit"
+        return chosen
+
     def _units(self, who: Claimant, claimed: frozenset[str]) -> tuple[dict[str, VictimUnit], dict[str, list[PodInfo]]]:
         """The candidate units (name -> unit) and their pods."""
+        self._held = {}
         groups: dict[str, list[tuple[PodInfo, RunningPod]]] = {}
         inferred: dict[str, dict[str, tuple[DeviceAssignment, ...]]] = {}
         for uid in self.cache.pod_uids():
@@ -161,6 +195,7 @@ class Preemptor:
                 for k, v in self.queues.held(p.uid).items():
                     held[k] = held.get(k, 0) + v
             by_queue.setdefault(queue, []).append((name, priority, oldest, held))
+            self._held[name] = held
             units[name] = VictimUnit(name, queue, priority, tuple(r for _, r in members))
             pods[name] = [p for p, _ in members]
         over = set()
@@ -224,7 +259,12 @@ class Preemptor:
         )
         victims = tuple(p for n in choice.victims for p in pods[n])
         running = tuple(r for u in chosen for r in u.pods)
-        return Decision(choice.plan, victims, choice.victims, kind, summary, running)
+        freed: dict[str, dict[str, int]] = {}
+        for u in chosen:
+            total = freed.setdefault(u.queue, {})
+            for k, v in self._held.get(u.name, {}).items():
+                total[k] = total.get(k, 0) - v
+        return Decision(choice.plan, victims, choice.victims, kind, summary, running, freed)
 
     def execute(self, decision: Decision, who: Claimant) -> str:
         """Evict every victim pod: "" when all went, else the first refusal. A refusal now (a

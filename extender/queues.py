@@ -45,6 +45,7 @@ from solver import (
     fair_shares,
     format_amount,
     limit_check,
+    limit_excess,
     rollup,
     usage_of,
 )
@@ -75,6 +76,7 @@ class Admitted:
     queue: str
     need: dict[str, int]
     refusal: str = ""
+    excess: dict[str, dict[str, int]] = field(default_factory=dict)  # a limit refusal: what is over, where
 
 
 @dataclass(slots=True)
@@ -446,7 +448,9 @@ class QueueBook:
         state = self._state()
         used = _with_extra(self.tree, state.used, extra)
         refusal = limit_check(self.tree, used, queue, need, what=what)
-        if not refusal and state.shares:
+        if refusal:
+            return Admitted(queue, need, refusal, limit_excess(self.tree, used, queue, need))
+        if state.shares:
             refusal = fair_share_check(
                 self.tree,
                 capacity=state.capacity,

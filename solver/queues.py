@@ -275,6 +275,20 @@ def limit_check(tree: QueueTree, used: Mapping[str, Vector], queue: str, need: V
     return ""
 
 
+def limit_excess(tree: QueueTree, used: Mapping[str, Vector], queue: str, need: Vector) -> dict[str, dict[str, int]]:
+    """How far `need` would take `queue` and each ancestor past their limits (ROLLED-UP
+    `used`): queue -> resource -> amount over; empty when every limit holds. What evicting
+    work inside those queues must free before the request fits its quota."""
+    out: dict[str, dict[str, int]] = {}
+    for spec in tree.chain(queue):
+        have = used.get(spec.name, {})
+        for r, v in need.items():
+            over = have.get(r, 0) + v - spec.limit[r] if v > 0 and r in spec.limit else 0
+            if over > 0:
+                out.setdefault(spec.name, {})[r] = over
+    return out
+
+
 def borrowed(
     deserved: Vector, units: Sequence[tuple[str, Vector]], *, resources: Iterable[str] | None = None
 ) -> set[str]:

@@ -286,11 +286,20 @@ class GangManager:
                 entries = self._entries(trigger)
                 if not entries:
                     return
-                entries, admitted = self._admit(entries)
-                if not entries:
-                    return
+                entries, admitted, refused = self._admit(entries)
                 snapshot = self.cache.snapshot()
                 hardware = self.cache.hardware
+                # Gangs their quota refuses: preemption inside their queue may make room.
+                blocked = [
+                    (
+                        st,
+                        e,
+                        requests.request(snapshot, e, hardware=hardware, pool_models=self.cache.pool_models),
+                        st.released,
+                    )
+                    for e in refused
+                    if (st := self.gangs.get(e.key)) is not None
+                ]
                 asks = [
                     held.fence(
                         requests.request(snapshot, e, hardware=hardware, pool_models=self.cache.pool_models),
@@ -300,6 +309,9 @@ class GangManager:
                     for e in entries
                 ]
                 epochs = [st.released if (st := self.gangs.get(e.key)) is not None else -1 for e in entries]
+            if not entries:
+                self._preempt_for(blocked, snapshot, admitted)
+                return
             started = time.perf_counter()
             result, invalid = self._solve(snapshot, asks)
             elapsed_ms = (time.perf_counter() - started) * 1000
@@ -337,7 +349,7 @@ class GangManager:
                         if gang.outcome is Outcome.UNSCHEDULABLE:
                             ask = next(a for a in asks if a.name == gang.gang)
                             unplaced.append((state, entry, ask, epoch))
-            self._preempt_for(unplaced, snapshot, admitted)
+            self._preempt_for(unplaced + blocked, snapshot, admitted)
 
     def _preempt_for(
         self,
@@ -357,7 +369,7 @@ class GangManager:
         state, entry, ask, epoch = max(due, key=lambda u: (self._priority(u[0]), -len(u[0].key)))
         state.preempt_tried = now
         verdict = admitted[entry.key]
-        who = Claimant(entry.key, verdict.queue, self._priority(state), ask, verdict.need)
+        who = Claimant(entry.key, verdict.queue, self._priority(state), ask, verdict.need, verdict.excess)
         params = self.params()
         params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_SOLVE_S))
         with self.lock:
@@ -369,7 +381,9 @@ class GangManager:
         with self.lock, self.admission.guard():
             if state.released != epoch or state.plan:
                 return
-            over = self.admission.check_limit(verdict.queue, _placed_need(ask, decision.plan, snapshot), {}, "gang")
+            # What the victims hold comes off their queues' usage (they are still counted).
+            need = _placed_need(ask, decision.plan, snapshot)
+            over = self.admission.check_limit(verdict.queue, need, decision.freed, "gang")
             if over:
                 self._wait(state, entry, over, snapshot.generation)
                 return
@@ -475,26 +489,31 @@ class GangManager:
             return base
         return base + int(rate * (time.monotonic() - state.quorum_at) / 60)
 
-    def _admit(self, entries: list[Entry]) -> tuple[list[Entry], dict[str, Admitted]]:
+    def _admit(self, entries: list[Entry]) -> tuple[list[Entry], dict[str, Admitted], list[Entry]]:
         """The entries their queues let take capacity now (each admitted one's need counted
-        for the next, as the solve may place them all), and each admitted gang's queue. A
-        refused gang waits with its queue's message; it is retried when the cluster changes."""
+        for the next, as the solve may place them all), every entry's admission, and the
+        entries a limit refused (preemption inside the limited queue may make room for them).
+        A refused gang waits with its queue's message; it is retried when the cluster changes."""
         admitted: list[Entry] = []
+        refused: list[Entry] = []
         queues: dict[str, Admitted] = {}
         extra: dict[str, dict[str, int]] = {}
         for entry in entries:
             state = self.gangs.get(entry.key)
             verdict = self.admission.check_gang(_quorum_pods(entry), extra)
+            queues[entry.key] = verdict
             if verdict.refusal:
                 if state is not None:
                     self._wait(state, entry, verdict.refusal, self.cache.generation)
+                if verdict.excess:
+                    refused.append(entry)
                 continue
             admitted.append(entry)
             queues[entry.key] = verdict
             total = extra.setdefault(verdict.queue, {})
             for k, v in verdict.need.items():
                 total[k] = total.get(k, 0) + v
-        return admitted, queues
+        return admitted, queues, refused
 
     def _wait(self, state: GangState, entry: Entry, reason: str, generation: int) -> None:
         """Not placed for a reason outside the solver (its queue): Unschedulable, retried when

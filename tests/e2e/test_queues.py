@@ -237,11 +237,12 @@ def test_two_queues_wanting_everything_split_it_by_weight_within_one_gang(
 def test_borrowed_capacity_is_reclaimed_whole_gangs_within_30_s(
     kube: RestKube, extender: Extender, cleanup: list[str]
 ) -> None:
-    """Queue B deserves 32 of rack b0-r2's 64 GPUs; A deserves none and borrows all 64. B
-    submits a 16-GPU gang: one of A's gangs goes, whole, and B's gang binds, within 30 s."""
+    """Queue B deserves 32 of rack b0-r2's 64 GPUs; A deserves none and borrows all 64, which
+    puts their parent at its 64-GPU limit. B submits a 16-GPU gang: one of A's gangs goes,
+    whole, and B's gang binds, within 30 s."""
     suite = "q-reclaim"
     cleanup.append(suite)
-    make_queue(kube, "e2e-reclaim", suite)
+    make_queue(kube, "e2e-reclaim", suite, limit={"gpu": 64})  # at its limit once A holds the rack
     make_queue(kube, "e2e-reclaim-a", suite, parent="e2e-reclaim")
     make_queue(kube, "e2e-reclaim-b", suite, parent="e2e-reclaim", deserved={"gpu": 32})
     for i in range(4):

@@ -154,3 +154,50 @@ def test_a_pod_evicted_for_one_gang_is_never_a_victim_for_another() -> None:
     assert len(evictions(kube, 2)) == 2
     mgr.filter(b[0], names)
     assert evictions(kube, 4) == ["default/low0-0", "default/low0-1", "default/low1-0", "default/low1-1"]
+
+
+def queued(mgr: GangManager, cache: Cache, queues: list[dict[str, Any]], where: dict[str, str]) -> None:
+    """Queues on, and the low gangs moved into queues: {gang: queue}."""
+    book = mgr.admission
+    assert isinstance(book, QueueBook)
+    book.replace_queues(queues)
+    for g, nodes, priority in (("low0", ("n0", "n1"), 10), ("low1", ("n2", "n3"), 20)):
+        for i, node_name in enumerate(nodes):
+            p = member(f"{g}-{i}", g, node_name=node_name, annotations=EIGHT)
+            cache.pod_event("MODIFIED", prioritized(p, priority, **{"phalanx.io/queue": where[g]}))
+    book.note_scheduler("default-scheduler")
+
+
+def test_a_gang_its_queue_limit_refuses_evicts_lower_priority_work_of_that_queue() -> None:
+    """Queue a at its 16-GPU limit with low0 (priority 10); a priority-1000 gang of a evicts
+    low0 (frees both the quota and the room), not low1 of another queue."""
+    mgr, cache, kube, _ = setup(workload("high", 2))
+    queued(
+        mgr,
+        cache,
+        [{"metadata": {"name": "a"}, "spec": {"limit": {"gpu": 16}}}, {"metadata": {"name": "b"}, "spec": {}}],
+        {"low0": "a", "low1": "b"},
+    )
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000, **{"phalanx.io/queue": "a"}) for i in range(2)))
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])  # refused by the limit, then preempts in its queue
+    assert evictions(kube, 2) == ["default/low0-0", "default/low0-1"]
+    assert mgr.gangs["wl:default/high"].plan  # reserved on the nodes low0 leaves
+
+
+def test_a_queue_within_its_deserved_quota_reclaims_even_when_its_parent_is_at_its_limit() -> None:
+    """org (limit 32) = a (borrowing all 32, deserves 0) + b (deserves 16): b's 16-GPU gang
+    evicts one of a's gangs although org is at its limit."""
+    mgr, cache, kube, _ = setup(workload("mine", 2))
+    queued(
+        mgr,
+        cache,
+        [
+            {"metadata": {"name": "org"}, "spec": {"limit": {"gpu": 32}}},
+            {"metadata": {"name": "a"}, "spec": {"parent": "org"}},
+            {"metadata": {"name": "b"}, "spec": {"parent": "org", "deserved": {"gpu": 16}}},
+        ],
+        {"low0": "a", "low1": "a"},
+    )
+    mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
+    mgr.filter(mine[0], [f"n{i}" for i in range(4)])
+    assert evictions(kube, 2) == ["default/low0-0", "default/low0-1"]  # the cheaper of a's two gangs

@@ -22,6 +22,7 @@ from solver.queues import (
     fair_shares,
     format_amount,
     limit_check,
+    limit_excess,
     rollup,
     sub,
     usage_of,
@@ -500,3 +501,15 @@ def test_borrowed(
 ) -> None:
     """Over-quota units of one queue in keep order."""
     assert borrowed({"gpu": 16}, units, resources=resources) == expected
+
+
+def test_limit_excess_says_how_much_each_limited_queue_must_free() -> None:
+    """The queue and every ancestor over a limit, each with how far over it would go."""
+    t = tree(
+        QueueSpec("org", limit={"gpu": 64}),
+        QueueSpec("a", parent="org", limit={"gpu": 40}),
+        QueueSpec("b", parent="org"),
+    )
+    used = rollup(t, {"a": {"gpu": 32}, "b": {"gpu": 24}})
+    assert limit_excess(t, used, "a", {"gpu": 16}) == {"a": {"gpu": 8}, "org": {"gpu": 8}}
+    assert limit_excess(t, used, "b", {"gpu": 8}) == {}
