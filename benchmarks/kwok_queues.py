@@ -213,7 +213,8 @@ def clean(kube: RestKube) -> None:
     kube.request("DELETE", PODS, query={"labelSelector": f"{LABEL}=q", "gracePeriodSeconds": "0"})
     _until(lambda: not kube.request("GET", PODS, query={"labelSelector": f"{LABEL}=q"}).body["items"], 120)
     kube.request("DELETE", QUEUES, query={"labelSelector": f"{LABEL}=q"})
-    kube.request("DELETE", f"/api/v1/namespaces/{NS}/events", query={"fieldSelector": "reason=GangPreempting"})
+    for reason in ("GangPreempting", "Scheduled"):
+        kube.request("DELETE", f"/api/v1/namespaces/{NS}/events", query={"fieldSelector": f"reason={reason}"})
 
 
 def run_wave(session: KwokSession, rng: random.Random, first: int, count: int, tally: Tally) -> list[Trial]:
@@ -232,6 +233,14 @@ def run_wave(session: KwokSession, rng: random.Random, first: int, count: int, t
         observe(kube, trials, tally, TRIAL_DEADLINE_S)
     bound = _fully_bound(kube, {g: t for t in trials for g in t.gangs})
     tally.gangs_bound += len(bound)
+    # A gang bound between two polls and evicted again at once (a higher-priority gang came)
+    # did bind: kube-scheduler's Scheduled events say so for every member.
+    events = kube.request("GET", f"/api/v1/namespaces/{NS}/events", query={"fieldSelector": "reason=Scheduled"})
+    scheduled = {e["involvedObject"]["name"] for e in events.body.get("items", [])}
+    for t in trials:
+        for gang, (_, members, _, _) in t.gangs.items():
+            if all(f"{gang}-{i}" in scheduled for i in range(members)):
+                tally.ever_bound.add(gang)
     for gang in list(tally.preempted_for):  # judged at the end of its wave: it must have bound
         if gang in {g for t in trials for g in t.gangs} and gang not in bound | tally.ever_bound:
             tally.wasted.add(gang)

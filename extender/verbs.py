@@ -527,7 +527,10 @@ class Verbs:
             self.metrics.outcomes.labels("preempt", "gang-unhelped").inc()
             return {"NodeNameToMetaVictims": {}}
         if self.gangs is not None:
-            victims = {node: meta for node, meta in victims.items() if not self._splits_a_gang(node, meta)}
+            held = self.gangs.held_against(pod)  # a starving gang's nodes: no preemption onto them
+            victims = {
+                node: meta for node, meta in victims.items() if node not in held and not self._splits_a_gang(node, meta)
+            }
         if pod.demand.kind is GpuKind.NONE or pod.error:
             return {"NodeNameToMetaVictims": victims}
         shape = self._ask(pod).shape

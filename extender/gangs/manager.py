@@ -156,7 +156,7 @@ class GangState:
     victims: set[str] = field(default_factory=set)  # pods evicted for this plan, not gone yet: the gate waits
     preempt_tried: float = -PREEMPT_RETRY_S  # monotonic time of the last victim search
     swept: float = -PREEMPT_RETRY_S  # monotonic time the sweep last planned it unasked
-    swept_generation: int = -1  # the cache generation it was last planned at by the sweep
+    preempt_generation: int = -1  # the cache generation of the last victim search
     hold_tried: float = -HOLD_RETRY_S  # monotonic time a starvation hold was last looked for
 
 
@@ -367,7 +367,7 @@ class GangManager:
         if not due or self.preemptor is None:
             return
         state, entry, ask, epoch = max(due, key=lambda u: (self._priority(u[0]), -len(u[0].key)))
-        state.preempt_tried = now
+        state.preempt_tried, state.preempt_generation = now, snapshot.generation
         verdict = admitted[entry.key]
         who = Claimant(entry.key, verdict.queue, self._priority(state), ask, verdict.need, verdict.excess)
         params = self.params()
@@ -480,10 +480,17 @@ class GangManager:
         state.parked.difference_update(state.plan)
 
     def _priority(self, state: GangState) -> int:
-        """A gang's priority: its definition's or its members' (PriorityClass), the higher, plus
-        `agingPerMinute` for each minute since quorum."""
+        """A gang's priority: its definition's, its members' (PriorityClass) or their GPU-pool
+        QoS level's, the highest, plus `agingPerMinute` for each minute since quorum."""
         members = self.membership.member_pods(state.key)
-        base = max([state.spec.priority if state.spec is not None else 0, *(p.priority for p in members)])
+        hardware = self.cache.hardware
+        base = max(
+            [
+                state.spec.priority if state.spec is not None else 0,
+                *(p.priority for p in members),
+                *(requests.qos_priority(p, hardware) for p in members),
+            ]
+        )
         rate = self.queue_config().aging_per_minute
         if not rate or not state.quorum_at:
             return base
@@ -977,19 +984,20 @@ class GangManager:
         if self.preemptor is None:
             return None
         generation = self.cache.generation
-        due = [  # asked before, not placed, and the cluster changed since: preemption may help now
+        due = [  # asked before, not placed, no victim search since the cluster last changed
             st
             for st in self.gangs.values()
             if not st.plan
             and st.spec is not None
             and st.failed_attempt[0] != -1
-            and st.swept_generation != generation
+            and st.preempt_generation != generation
+            and now - st.preempt_tried >= PREEMPT_RETRY_S
             and now - st.swept >= PREEMPT_RETRY_S
         ]
         if not due:
             return None
         state = min(due, key=lambda st: (st.swept, st.key))
-        state.swept, state.swept_generation = now, generation
+        state.swept = now
         return state
 
     def is_member(self, pod: PodInfo) -> bool:

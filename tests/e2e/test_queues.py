@@ -19,6 +19,7 @@ import yaml
 
 from deploy.local.cluster import LocalCluster
 from extender.app import Extender, Options
+from extender.config import QueuesConfig
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -335,3 +336,52 @@ def test_the_read_api_lists_queues(kube: RestKube, extender: Extender, cleanup: 
     assert body["summary"]["gpu"]["limit"] == "16" and body["limit"]["cpu"] == "64"
     status, one = extender.read_api.queues_("/e2e-read")
     assert status == 200 and one["deserved"] == {"gpu": "8"}
+
+
+def test_a_starving_gang_gets_its_nodes_held_with_backfill_and_then_binds(
+    kube: RestKube, extender: Extender, cleanup: list[str]
+) -> None:
+    """Rack b1-r1 full of priority-100 pods; an 8-node priority-50 gang cannot preempt them.
+    After starvationSeconds it gets the rack held: as pods leave, a priority-100 newcomer is
+    kept off the held nodes, a priority-10 backfill pod may use one; once every filler is gone
+    the backfill pod is preempted and the gang binds whole."""
+    suite = "q-starve"
+    cleanup.append(suite)
+    before = extender.config
+    extender.apply(before.model_copy(update={"queues": QueuesConfig(starvation_seconds=10, reservation_seconds=300)}))
+    try:
+        for name, value in (("e2e-mid", 100), ("e2e-gang", 50)):
+            body = {
+                "apiVersion": "scheduling.k8s.io/v1",
+                "kind": "PriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            }
+            assert kube.request("POST", "/apis/scheduling.k8s.io/v1/priorityclasses", body=body).status in (201, 409)
+        where = racks("b1-r1")
+        for i in range(8):
+            make_pod(kube, f"busy-{i}", suite, "default", priorityClassName="e2e-mid", **where)
+        wait("rack full", lambda: len(bound(kube, f"suite={suite}")) == 8, deadline_s=60)
+        gang(kube, "starving", suite, "default", 8, priority_class="e2e-gang", **where)
+        wait(
+            "a hold for the starving gang", lambda: "wl:default/starving" in extender.gangs.holds.by_gang, deadline_s=60
+        )
+        for i in range(2):
+            kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/busy-{i}", query={"gracePeriodSeconds": "0"})
+        make_pod(kube, "rival", suite, "default", priorityClassName="e2e-mid", **where)
+        wait("the newcomer kept off held nodes", lambda: "capacity held" in scheduled_message(kube, "rival"))
+        make_pod(kube, "filler", suite, "default", priorityClassName="e2e-low", **where)
+        wait(
+            "backfill on a held node",
+            lambda: (
+                bound(kube, "suite=q-starve")
+                and any(p["metadata"]["name"] == "filler" for p in bound(kube, f"suite={suite}"))
+            ),
+        )
+        kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/rival", query={"gracePeriodSeconds": "0"})
+        for i in range(2, 8):
+            kube.request("DELETE", f"/api/v1/namespaces/{NS}/pods/busy-{i}", query={"gracePeriodSeconds": "0"})
+        wait("the gang bound whole", lambda: len(bound(kube, "gang=starving")) == 8, deadline_s=90)
+        assert not any(p["metadata"]["name"] == "filler" for p in pods(kube, f"suite={suite}"))  # its first victim
+    finally:
+        extender.apply(before)

@@ -201,3 +201,23 @@ def test_a_queue_within_its_deserved_quota_reclaims_even_when_its_parent_is_at_i
     mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
     mgr.filter(mine[0], [f"n{i}" for i in range(4)])
     assert evictions(kube, 2) == ["default/low0-0", "default/low0-1"]  # the cheaper of a's two gangs
+
+
+def test_a_victim_search_put_off_by_its_throttle_runs_later_without_any_cluster_change() -> None:
+    """kube-scheduler stops asking for a parked gang; the sweep must search again once the
+    throttle allows, even though nothing in the cluster moved since its last plan."""
+    mgr, cache, kube, _ = setup(workload("high", 2))
+    preemptor, mgr.preemptor = mgr.preemptor, None
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])  # not placed; no preemption yet
+    mgr.preemptor = preemptor
+    state = mgr.gangs["wl:default/high"]
+    state.preempt_tried = time.monotonic()  # as if a search had just run: throttled
+    mgr._last_retry = 0.0
+    mgr.sweep()
+    assert kube.evicted == []
+    state.preempt_tried -= 10
+    state.swept -= 10
+    mgr._last_retry = 0.0
+    mgr.sweep()
+    assert len(evictions(kube, 2)) == 2
