@@ -2,10 +2,11 @@
 
     kubectl phalanx explain pod|workload|gang NAME [-n NAMESPACE]
     kubectl phalanx status
+    kubectl phalanx queues
     kubectl phalanx top gpus
     (-o json on any of them)
 
-It reads the extender's REST API (`GET /api/v1/gangs`, `/pools`, `/nodes/{name}`) with the
+It reads the extender's REST API (`GET /api/v1/gangs`, `/pools`, `/queues`, `/nodes/{name}`) with the
 caller's own kubeconfig token, so the extender asks the API server whether RBAC lets the caller
 read it (the shipped ClusterRole `phalanx-viewer`), and reads pods and nodes from the API server
 with the same credentials. The extender listens on its pod's loopback:
@@ -129,6 +130,8 @@ def _gang(g: dict[str, Any]) -> dict[str, Any]:
 
 
 _QUORUM = re.compile(re.escape(WAITING_QUORUM) + r"(?: of sub-group (\S+))? (\d+)/(\d+)")
+_LIMIT = re.compile(r"queue (\S+): (\S+) limit \S+, in use")
+_FAIR = re.compile(r"queue (\S+): \S+ fair share .* while queue (\S+) waits")
 
 
 def _change(reason: str, gang: dict[str, Any] | None = None) -> str:
@@ -145,6 +148,13 @@ def _change(reason: str, gang: dict[str, Any] | None = None) -> str:
         )
     if "only " in reason and " members fit" in reason:
         return "free capacity (other pods leave or nodes join), or lower minCount"
+    if m := _LIMIT.search(reason):
+        return f"raise queue {m.group(1)}'s {m.group(2)} limit, or wait for its running work to finish"
+    if m := _FAIR.search(reason):
+        return (
+            f"wait: queue {m.group(2)} is below its fair share; or give queue {m.group(1)} "
+            "more weight or a deserved quota"
+        )
     if "fits on none" in reason:
         return "check the group's node selector, tolerations and requests against the nodes"
     if "higher-priority or earlier gangs" in reason:
@@ -161,6 +171,10 @@ def status(client: Client) -> dict[str, Any]:
     gangs = client.phalanx("/api/v1/gangs")["gangs"]
     pools = client.phalanx("/api/v1/pools")["pools"]
     return {"gangs": gangs, "pools": pools}
+
+
+def queues(client: Client) -> dict[str, Any]:
+    return {"queues": client.phalanx("/api/v1/queues")["queues"]}
 
 
 def top_gpus(client: Client) -> dict[str, Any]:
@@ -237,6 +251,26 @@ def render(command: str, result: dict[str, Any], out: TextIO) -> None:
                 for p in result["pools"]
             ],
         )
+    elif command == "queues":
+        _table(
+            out,
+            ["QUEUE", "PARENT", "WEIGHT", "GPU USED", "DESERVED", "FAIR", "LIMIT", "PENDING PODS", "GANGS", "OLDEST"],
+            [
+                [
+                    q["name"],
+                    q["parent"],
+                    q["weight"],
+                    *(q["summary"]["gpu"][k] for k in ("allocated", "deserved", "fairShare", "limit")),
+                    q["pendingPods"],
+                    q["pendingGangs"],
+                    q["oldestWait"],
+                ]
+                for q in result["queues"]
+            ],
+        )
+        for q in result["queues"]:
+            for problem in q.get("problems") or []:
+                out.write(f"warning: {problem}\n")
     else:
         _table(
             out,
@@ -267,6 +301,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     ex.add_argument("kind", choices=("pod", "workload", "gang"))
     ex.add_argument("name")
     sub.add_parser("status", help="gangs and GPU pools")
+    sub.add_parser("queues", help="queues: GPUs used, deserved, fair share and limit; what waits")
     top = sub.add_parser("top", help="who holds which GPU: share, memory, MIG slices per device")
     top.add_argument("what", choices=("gpus",))
     args = ap.parse_args(argv)
@@ -277,6 +312,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
             result = explain(client, args.kind, args.name, args.namespace)
         elif args.command == "status":
             result = status(client)
+        elif args.command == "queues":
+            result = queues(client)
         else:
             result = top_gpus(client)
     except CliError as e:

@@ -8,6 +8,7 @@ its racks. Every test deletes its pods and queues.
 
 from __future__ import annotations
 
+import io
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from deploy.local.cluster import LocalCluster
+from extender import kubectl
 from extender.app import Extender, Options
 from extender.config import QueuesConfig
 from extender.kube import RestKube
@@ -326,7 +328,9 @@ def test_a_member_whose_gang_lacks_quorum_evicts_nothing(
     assert all(not p["metadata"].get("deletionTimestamp") for p in pods(kube, f"suite={suite}"))
 
 
-def test_the_read_api_lists_queues(kube: RestKube, extender: Extender, cleanup: list[str]) -> None:
+def test_the_read_api_and_kubectl_phalanx_list_queues(
+    cluster: LocalCluster, kube: RestKube, extender: Extender, cleanup: list[str]
+) -> None:
     cleanup.append("q-read")
     make_queue(kube, "e2e-read", "q-read", deserved={"gpu": 8}, limit={"gpu": "16", "cpu": "64"})
     body = wait(
@@ -336,6 +340,11 @@ def test_the_read_api_lists_queues(kube: RestKube, extender: Extender, cleanup: 
     assert body["summary"]["gpu"]["limit"] == "16" and body["limit"]["cpu"] == "64"
     status, one = extender.read_api.queues_("/e2e-read")
     assert status == 200 and one["deserved"] == {"gpu": "8"}
+    out = io.StringIO()
+    argv = ["--kubeconfig", str(cluster.kubeconfig_path), "--extender", extender.server.url, "queues"]
+    assert kubectl.main(argv, out) == 0
+    row = next(line.split() for line in out.getvalue().splitlines() if line.startswith("e2e-read "))
+    assert row[3:7] == ["0", "8", "0", "16"]  # GPUs used, deserved, fair share (nothing wanted), limit
 
 
 def test_a_starving_gang_gets_its_nodes_held_with_backfill_and_then_binds(
