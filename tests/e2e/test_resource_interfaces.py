@@ -284,9 +284,15 @@ def test_lws_with_three_replicas_gives_three_independent_gangs(extender: Extende
             ):
                 create_pod(kube, w, sts)
     wait("all LWS pods bound", lambda: bound(kube, [p["metadata"]["name"] for p in pods]))
+    # The pods are bound in the API server; the extender's watch may show them a moment later,
+    # gang by gang: wait for all three, not the first.
     found = wait(
         "the cache sees three bound gangs",
-        lambda: [g for g in gangs(extender, f"ri:{NS}/e2e-vllm/") if g["bound"] == 2],
+        lambda: (
+            bound_gangs
+            if len(bound_gangs := [g for g in gangs(extender, f"ri:{NS}/e2e-vllm/") if g["bound"] == 2]) == 3
+            else None
+        ),
     )
     assert sorted(g["key"] for g in found) == [f"ri:{NS}/e2e-vllm/group/e2e-vllm/{i}" for i in range(3)]
     assert all(g["minCount"] == 2 and g["bound"] == 2 for g in found)
