@@ -283,9 +283,10 @@ class Preemptor:
             reason = "Reclaimed" if decision.kind == RECLAIM else "Preempted"
             self.report(ref, reason, _victim_message(decision, who, pod, self.queues.queue_of(pod)))
         log.info("evicted", summary=decision.summary, pods=evicted)
-        made = self._counts.setdefault(who.queue, [0, 0])
+        queue = who.queue if who.queue in self.queues.tree else "-"  # bounded metric labels
+        made = self._counts.setdefault(queue, [0, 0])
         made[1 if decision.kind == RECLAIM else 0] += 1
-        self.counted(who.queue, decision.kind, evicted)
+        self.counted(queue, decision.kind, evicted)
         return refused
 
 

@@ -111,6 +111,9 @@ def parse_queue(obj: Mapping[str, Any]) -> tuple[QueueSpec, list[str]]:
     spec = obj.get("spec") or {}
     name = str(meta.get("name", ""))
     problems: list[str] = []
+    if not isinstance(spec, Mapping):  # the CRD's schema says object; a hostile store may not
+        problems.append(f"queue {name}: spec: expected an object, got {type(spec).__name__}")
+        spec = {}
     amounts: dict[str, Vector] = {}
     for part in ("deserved", "limit"):
         raw = spec.get(part) or {}
@@ -353,7 +356,8 @@ class QueueBook:
             return
         if node:
             entry = _Entry(self.queue_of(pod), self._held(pod, node, devices), {}, 0.0)
-            if old is not None and old.pending and not old.used:
+            if old is not None and old.pending and not old.used and entry.queue in self.tree:
+                # Known queues only: a pod's label is anyone's to write, a metric label set is not.
                 self.waits(entry.queue, max(0.0, time.time() - old.since))
         elif pod.scheduler in self._schedulers and not pod.node:
             entry = _Entry(self.queue_of(pod), {}, usage_of(_shape(pod)), _epoch(pod.created))

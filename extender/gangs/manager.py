@@ -277,10 +277,12 @@ class GangManager:
 
     # ------------------------------------------------------------------ planning
 
-    def _plan(self, trigger: GangState) -> None:
+    def _plan(self, trigger: GangState, *, preempt: bool = False) -> None:
         """One solve for this gang's unplanned members and every other gang that has quorum
         but no plan yet (joint placement packs better than first come, first served); each
-        gang is reserved all or nothing. The solve runs without `lock`."""
+        gang is reserved all or nothing. The solve runs without `lock`. With `preempt` (the
+        sweep only: a victim search and its dry-run evictions never run inside a verb), a
+        gang that does not fit, or that its quota refuses, may preempt."""
         with self._solving:
             with self.lock:
                 entries = self._entries(trigger)
@@ -290,6 +292,7 @@ class GangManager:
                 snapshot = self.cache.snapshot()
                 hardware = self.cache.hardware
                 # Gangs their quota refuses: preemption inside their queue may make room.
+                now = time.monotonic()
                 blocked = [
                     (
                         st,
@@ -298,7 +301,9 @@ class GangManager:
                         st.released,
                     )
                     for e in refused
-                    if (st := self.gangs.get(e.key)) is not None
+                    if preempt
+                    and (st := self.gangs.get(e.key)) is not None
+                    and now - st.preempt_tried >= PREEMPT_RETRY_S
                 ]
                 asks = [
                     held.fence(
@@ -310,7 +315,8 @@ class GangManager:
                 ]
                 epochs = [st.released if (st := self.gangs.get(e.key)) is not None else -1 for e in entries]
             if not entries:
-                self._preempt_for(blocked, snapshot, admitted)
+                if blocked:
+                    self._preempt_for(blocked, snapshot, admitted)
                 return
             started = time.perf_counter()
             result, invalid = self._solve(snapshot, asks)
@@ -349,7 +355,8 @@ class GangManager:
                         if gang.outcome is Outcome.UNSCHEDULABLE:
                             ask = next(a for a in asks if a.name == gang.gang)
                             unplaced.append((state, entry, ask, epoch))
-            self._preempt_for(unplaced + blocked, snapshot, admitted)
+            if preempt:
+                self._preempt_for(unplaced + blocked, snapshot, admitted)
 
     def _preempt_for(
         self,
@@ -923,7 +930,7 @@ class GangManager:
                 gone = [uid for uid in state.plan if self.cache.pod(uid) is None]
                 if gone:
                     self._release(state, f"{len(gone)} planned members were deleted")
-            retry = self._due_for_retry()
+            retry, scan = self._due_for_retry()
             finished = [k for k, st in self.gangs.items() if not st.plan and not self.membership.has_members(k)]
             for key in finished:  # every member gone: forget the gang
                 del self.gangs[key]
@@ -931,20 +938,23 @@ class GangManager:
             for hold in self.holds.expire():
                 log.info("starvation hold ended", gang=hold.gang, nodes=len(hold.nodes))
             starving = self._starving()
+        if scan:
+            retry = self._unasked()  # reads every gang's members: not under `lock`
         if retry is not None:
-            self._plan(retry)
+            self._plan(retry, preempt=True)
         if starving is not None:
             self._hold(*starving)
 
-    def _due_for_retry(self, every_s: float = 2.0) -> GangState | None:
+    def _due_for_retry(self, every_s: float = 2.0) -> tuple[GangState | None, bool]:
         """A gang that did not fit, to plan again in the background when the cluster has
         changed since. kube-scheduler only retries a parked member on an event it links to
         the rejection; capacity our own cache frees a moment later (a watch lags the API) may
         come with no such event. A plan found here wakes the members through their annotation.
-        One solve per round: it plans every other waiting gang too."""
+        One solve per round: it plans every other waiting gang too. (gang, whether to look
+        for one with `_unasked` instead, outside the lock.)"""
         now = time.monotonic()
         if now - self._last_retry < every_s:
-            return None
+            return None, False
         self._last_retry = now
         generation = self.cache.generation
         waiting = [
@@ -954,14 +964,15 @@ class GangManager:
         ]
         waiting.sort(key=lambda st: (-st.spec.priority if st.spec else 0, st.key))
         if waiting:
-            return waiting[0]
-        return self._unasked()
+            return waiting[0], False
+        return None, True
 
     def _unasked(self) -> GangState | None:
         """A gang with quorum that kube-scheduler never brought to filter (its own filters
         found every node full, and with no lower-priority pod to preempt it never calls the
         preempt verb either): planned here, so preemption and reclaim can act for it. Once
-        per gang every PREEMPT_RETRY_S."""
+        per gang every PREEMPT_RETRY_S. Runs without `lock` (membership and the cache have
+        their own); it takes `lock` only to record its choice."""
         now = time.monotonic()
         for key in sorted(self.membership.gang_keys()):
             known = self.gangs.get(key)
@@ -977,27 +988,29 @@ class GangManager:
                 continue
             if requests.quorum_shortfall(resolved[1].spec, self.membership.member_pods(key)):
                 continue
-            state = self.gangs.setdefault(key, GangState(key))
-            state.spec = resolved[1].spec
-            state.swept = now
+            with self.lock:
+                state = self.gangs.setdefault(key, GangState(key))
+                state.spec = resolved[1].spec
+                state.swept = now
             return state
         if self.preemptor is None:
             return None
         generation = self.cache.generation
-        due = [  # asked before, not placed, no victim search since the cluster last changed
-            st
-            for st in self.gangs.values()
-            if not st.plan
-            and st.spec is not None
-            and st.failed_attempt[0] != -1
-            and st.preempt_generation != generation
-            and now - st.preempt_tried >= PREEMPT_RETRY_S
-            and now - st.swept >= PREEMPT_RETRY_S
-        ]
-        if not due:
-            return None
-        state = min(due, key=lambda st: (st.swept, st.key))
-        state.swept = now
+        with self.lock:
+            due = [  # asked before, not placed, no victim search since the cluster last changed
+                st
+                for st in self.gangs.values()
+                if not st.plan
+                and st.spec is not None
+                and st.failed_attempt[0] != -1
+                and st.preempt_generation != generation
+                and now - st.preempt_tried >= PREEMPT_RETRY_S
+                and now - st.swept >= PREEMPT_RETRY_S
+            ]
+            if not due:
+                return None
+            state = min(due, key=lambda st: (st.swept, st.key))
+            state.swept = now
         return state
 
     def is_member(self, pod: PodInfo) -> bool:
@@ -1006,7 +1019,8 @@ class GangManager:
 
     def preempt_for(self, pod: PodInfo) -> None:
         """kube-scheduler's preemption asked for a gang member (its filters found no node):
-        plan the gang now, which preempts whole victim units if it does not fit."""
+        the gang is recorded, and the sweep plans it and searches for victims within a couple
+        of seconds (a victim search never runs inside kube-scheduler's scheduling cycle)."""
         resolved = self._resolve(pod)
         if resolved is None or resolved[1].spec is None:
             return
@@ -1014,11 +1028,6 @@ class GangManager:
         with self.lock:
             state = self.gangs.setdefault(key, GangState(key))
             state.spec = spec
-            if state.plan or time.monotonic() - state.preempt_tried < PREEMPT_RETRY_S:
-                return
-            if requests.quorum_shortfall(spec, self.membership.member_pods(key)):
-                return
-        self._plan(state)
 
     # ------------------------------------------------------------------ read view
 

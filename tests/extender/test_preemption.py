@@ -25,6 +25,12 @@ from tests.extender.fakes import FakeKube, node
 from tests.extender.test_gangs import LEVELS, Recorder, add, member, workload
 
 
+def sweep(mgr: GangManager) -> None:
+    """One round of the sweep, now (victim searches run there, never inside a verb)."""
+    mgr._last_retry = 0.0
+    mgr.sweep()
+
+
 def evictions(kube: FakeKube, count: int) -> list[str]:
     """The evictions, once `count` have been made (they run on their own thread)."""
     end = time.monotonic() + 10
@@ -68,6 +74,7 @@ def test_a_high_priority_gang_evicts_one_whole_lower_priority_gang_and_waits_for
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
     names = [f"n{i}" for i in range(4)]
     mgr.filter(high[0], names)
+    sweep(mgr)
     victims = evictions(kube, 2)
     assert victims in (["default/low0-0", "default/low0-1"], ["default/low1-0", "default/low1-1"]), victims
     state = mgr.gangs["wl:default/high"]
@@ -90,6 +97,7 @@ def test_a_unit_a_disruption_budget_protects_is_left_and_the_other_chosen() -> N
     mgr, cache, kube, _ = setup(workload("high", 2), refuses={"low0-0"})
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
     mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     assert evictions(kube, 2) == ["default/low1-0", "default/low1-1"]
 
 
@@ -97,6 +105,7 @@ def test_equal_priority_in_the_same_queue_evicts_nothing() -> None:
     mgr, cache, kube, _ = setup(workload("peer", 2))
     peer = add(cache, *(prioritized(member(f"peer-{i}", "peer"), 10) for i in range(2)))
     mgr.filter(peer[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     assert kube.evicted == [] and not mgr.gangs["wl:default/peer"].plan
 
 
@@ -105,6 +114,7 @@ def test_a_gang_without_quorum_evicts_nothing() -> None:
     high = add(cache, prioritized(member("high-0", "high"), 1000))
     mgr.preempt_for(high[0])
     mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     mgr.sweep()
     assert kube.evicted == []
 
@@ -127,6 +137,7 @@ def test_a_queue_within_its_deserved_quota_reclaims_borrowed_gangs_whatever_thei
     book.note_scheduler("default-scheduler")
     mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
     mgr.filter(mine[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     assert len(evictions(kube, 2)) == 2 and {k.rsplit("-", 1)[0] for k in kube.evicted} in (
         {"default/low0"},
         {"default/low1"},
@@ -139,6 +150,7 @@ def test_a_replica_that_does_not_lead_evicts_nothing_not_even_a_dry_run() -> Non
     mgr.preemptor.binder = Binder(kube, fence=lambda: "the scheduler beside this replica does not lead")
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
     mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     assert not [c for c in kube.calls if c[1].endswith("/eviction")]
     assert not mgr.gangs["wl:default/high"].plan
 
@@ -151,8 +163,10 @@ def test_a_pod_evicted_for_one_gang_is_never_a_victim_for_another() -> None:
     b = add(cache, *(prioritized(member(f"high-b-{i}", "high-b"), 1000) for i in range(2)))
     names = [f"n{i}" for i in range(4)]
     mgr.filter(a[0], names)
+    sweep(mgr)
     assert len(evictions(kube, 2)) == 2
     mgr.filter(b[0], names)
+    sweep(mgr)
     assert evictions(kube, 4) == ["default/low0-0", "default/low0-1", "default/low1-0", "default/low1-1"]
 
 
@@ -180,6 +194,7 @@ def test_a_gang_its_queue_limit_refuses_evicts_lower_priority_work_of_that_queue
     )
     high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000, **{"phalanx.io/queue": "a"}) for i in range(2)))
     mgr.filter(high[0], [f"n{i}" for i in range(4)])  # refused by the limit, then preempts in its queue
+    sweep(mgr)
     assert evictions(kube, 2) == ["default/low0-0", "default/low0-1"]
     assert mgr.gangs["wl:default/high"].plan  # reserved on the nodes low0 leaves
 
@@ -200,6 +215,7 @@ def test_a_queue_within_its_deserved_quota_reclaims_even_when_its_parent_is_at_i
     )
     mine = add(cache, *(prioritized(member(f"mine-{i}", "mine"), 0, **{"phalanx.io/queue": "b"}) for i in range(2)))
     mgr.filter(mine[0], [f"n{i}" for i in range(4)])
+    sweep(mgr)
     assert evictions(kube, 2) == ["default/low0-0", "default/low0-1"]  # the cheaper of a's two gangs
 
 
@@ -220,4 +236,16 @@ def test_a_victim_search_put_off_by_its_throttle_runs_later_without_any_cluster_
     state.swept -= 10
     mgr._last_retry = 0.0
     mgr.sweep()
+    assert len(evictions(kube, 2)) == 2
+
+
+def test_a_filter_call_never_searches_for_victims_the_sweep_does() -> None:
+    """The victim search and its dry-run evictions are API calls and solves: never inside
+    kube-scheduler's scheduling cycle."""
+    mgr, cache, kube, _ = setup(workload("high", 2))
+    high = add(cache, *(prioritized(member(f"high-{i}", "high"), 1000) for i in range(2)))
+    mgr.filter(high[0], [f"n{i}" for i in range(4)])
+    mgr.preempt_for(high[0])
+    assert not [c for c in kube.calls if c[1].endswith("/eviction")]
+    sweep(mgr)
     assert len(evictions(kube, 2)) == 2

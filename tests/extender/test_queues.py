@@ -55,6 +55,11 @@ def test_a_bad_queue_spec_names_the_queue_and_field_and_keeps_the_rest(spec: dic
     assert parsed.name == "q"
 
 
+def test_a_queue_whose_spec_is_not_an_object_is_read_as_empty_with_a_problem() -> None:
+    parsed, problems = parse_queue({"metadata": {"name": "q"}, "spec": ["gpu"]})
+    assert problems == ["queue q: spec: expected an object, got list"] and parsed.limit == {}
+
+
 def test_amounts_are_read_in_the_solver_units() -> None:
     """cpu in milli, memory in MiB, gpuShare as decimal GPUs in milli, per-model keys kept."""
     parsed, problems = parse_queue(
