@@ -18,13 +18,15 @@ every process waits for CPU), and in a paced round where pods arrive at a steady
 
     python -m benchmarks.kwok_throughput [--quick] [--nodes N] [--pods N] [--rounds N]
                                          [--paced-rate R] [--extender-nice N]
-                                         [--extender-config FILE] [--no-record]
+                                         [--extender-config FILE] [--percentage N]
+                                         [--no-record]
 
-Both modes run the same KubeSchedulerConfiguration but for the extender entry (and the
-`percentageOfNodesToScore: 100` the extender needs, so a gang's planned node is never cut
-off), with kube-scheduler's client rate limiter lifted (QPS and burst 5,000, as
-scheduler_perf runs; deploy/local/scheduler_config.py): the extender binds through its own
-client, which has none, so a limited baseline would measure the limiter.
+Both modes run the same KubeSchedulerConfiguration but for the extender entry
+(`percentageOfNodesToScore` unset in both, kube-scheduler's adaptive share; `--percentage N`
+sets it for both, e.g. 100 as Phalanx needed before planned gang members were nominated),
+with kube-scheduler's client rate limiter lifted (QPS and burst 5,000, as scheduler_perf runs;
+deploy/local/scheduler_config.py): the extender binds through its own client, which has none,
+so a limited baseline would measure the limiter.
 
 Where each pod's time goes, per round: kube-scheduler's own metrics (scraped from its
 /metrics before it restarts: scheduling attempt, algorithm, and framework extension points,
@@ -214,7 +216,15 @@ def rss_mib(pid: int) -> float:
 
 
 def one_round(
-    cluster: LocalCluster, kube: RestKube, *, mode: str, index: int, pods: int, ext_url: str, ext_pid: int
+    cluster: LocalCluster,
+    kube: RestKube,
+    *,
+    mode: str,
+    index: int,
+    pods: int,
+    ext_url: str,
+    ext_pid: int,
+    percentage: int | None = None,
 ) -> dict[str, Any]:
     scheduler = f"bench-{mode}-{index}"
     create_pods(kube, scheduler, pods, seed=index)
@@ -224,7 +234,11 @@ def one_round(
         http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
     ext_cpu = cpu_seconds(ext_pid)
     started = time.monotonic()
-    cluster.restart_scheduler(ext_url if mode == "phalanx" else None, scheduler_names=["default-scheduler", scheduler])
+    cluster.restart_scheduler(
+        ext_url if mode == "phalanx" else None,
+        scheduler_names=["default-scheduler", scheduler],
+        percentage_of_nodes_to_score=percentage,
+    )
     sched_pid = next(c.pid for c in cluster.status().components if c.name == "kube-scheduler")
     deadline = started + max(300, pods / 5)
     while len(watch.bound) < pods and time.monotonic() < deadline:
@@ -268,12 +282,20 @@ def breakdown(r: dict[str, Any]) -> str:
 
 
 def paced_round(
-    cluster: LocalCluster, kube: RestKube, *, rate_per_s: float, seconds: float, ext_url: str
+    cluster: LocalCluster,
+    kube: RestKube,
+    *,
+    rate_per_s: float,
+    seconds: float,
+    ext_url: str,
+    percentage: int | None = None,
 ) -> dict[str, Any]:
     """Extender latency at a steady load below saturation: pods arrive at `rate_per_s` while
     the scheduler (with the extender) runs, as in a cluster in normal operation."""
     scheduler = "bench-paced"
-    cluster.restart_scheduler(ext_url, scheduler_names=["default-scheduler", scheduler])
+    cluster.restart_scheduler(
+        ext_url, scheduler_names=["default-scheduler", scheduler], percentage_of_nodes_to_score=percentage
+    )
     http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
     watch = BindWatch(kube, scheduler)
     watch.start()
@@ -390,6 +412,11 @@ def main() -> None:
         "--extender-config", type=Path, help="extender config file (A/B, e.g. gpu.fragmentationScoring: false)"
     )
     ap.add_argument("--paced-rate", type=float, default=30.0, help="pods/s of the steady-load latency round")
+    ap.add_argument(
+        "--percentage",
+        type=int,
+        help="kube-scheduler's percentageOfNodesToScore in both modes (default: unset, its adaptive share)",
+    )
     ap.add_argument("--memory", action="store_true", help="RSS and start-up with many bound pods (see above)")
     args = ap.parse_args()
     if args.memory:
@@ -405,12 +432,26 @@ def main() -> None:
         cluster, kube, ext_url = session.cluster, session.kube, session.ext_url
         for i in range(rounds):
             for mode in ("vanilla", "phalanx"):
-                r = one_round(cluster, kube, mode=mode, index=i, pods=pods, ext_url=ext_url, ext_pid=session.ext_pid)
+                r = one_round(
+                    cluster,
+                    kube,
+                    mode=mode,
+                    index=i,
+                    pods=pods,
+                    ext_url=ext_url,
+                    ext_pid=session.ext_pid,
+                    percentage=args.percentage,
+                )
                 print(f"round {i} {mode:8} bound {r['bound']}/{pods}  {r['pods_per_s']:.1f} pods/s", flush=True)
                 print(breakdown(r), flush=True)
                 results.append(r)
         paced = paced_round(
-            cluster, kube, rate_per_s=args.paced_rate, seconds=10 if args.quick else 30, ext_url=ext_url
+            cluster,
+            kube,
+            rate_per_s=args.paced_rate,
+            seconds=10 if args.quick else 30,
+            ext_url=ext_url,
+            percentage=args.percentage,
         )
         print(f"paced    bound {paced['bound']}/{paced['pods']} at {args.paced_rate:g} pods/s", flush=True)
         rss = rss_mib(session.ext_pid)
@@ -430,7 +471,8 @@ def main() -> None:
             cur["count"] += stats["count"]
     lines = [
         f"{nodes} KWOK nodes (8 GPUs each), {pods} pods per round (70 % 1-GPU, 30 % CPU-only), "
-        f"{rounds} round(s) per mode, alternating; extender nice {args.extender_nice}"
+        f"{rounds} round(s) per mode, alternating; extender nice {args.extender_nice}; "
+        f"percentageOfNodesToScore {args.percentage if args.percentage is not None else 'unset (adaptive)'}"
         + (
             f"; extender config {args.extender_config}: {args.extender_config.read_text().strip()!r}"
             if args.extender_config
@@ -460,6 +502,7 @@ def main() -> None:
         "paced_pods_per_s": paced["rate"],
         "nodes": nodes,
         "pods": pods,
+        "percentage_of_nodes_to_score": args.percentage,
         "rss_mib": round(rss, 1),
         "ready_s": round(ready_s, 2),
         "extender_cpu_ms_per_pod": round(

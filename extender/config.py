@@ -389,21 +389,24 @@ class FilterConfig(_Strict):
     sample_nodes: Literal["auto", "all"] | Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         "auto",
         alias="sampleNodes",
-        description="How many of the nodes that pass filter go on to scoring, the ones Phalanx ranks best "
-        "(kube-scheduler runs with percentageOfNodesToScore 100 so a gang's planned node is never cut off, "
-        "and would score every node). auto: as many as kube-scheduler's own default would score (all below "
-        "100 nodes, 420 of 1,000, 500 of 5,000); all: no cut; N: at most N for GPU pods (1: Phalanx picks "
-        "the node), pods without GPUs keep kube-scheduler's count. Pods with preferences kube-scheduler "
-        "scores (preferred node or pod affinity, ScheduleAnyway spread) keep every node.",
+        description="How many of the nodes that pass filter go on to scoring, the ones Phalanx ranks best. "
+        "auto: a GPU pod gets the one node Phalanx ranks best among those kube-scheduler offered (its packing "
+        "and fragmentation scores decide; kube-scheduler then skips its Score plugins and prioritize, which "
+        "halves the extender calls), a pod without GPUs keeps as many as kube-scheduler's own default would "
+        "score (all below 100 nodes, 420 of 1,000, 500 of 5,000) for kube-scheduler's scores to choose among; "
+        "all: no cut, every GPU pod scored by kube-scheduler and prioritize too; N: at most N for GPU pods, "
+        "pods without GPUs keep kube-scheduler's count. Pods with preferences kube-scheduler scores (preferred "
+        "node or pod affinity, ScheduleAnyway spread) keep every node.",
     )
 
-    def size(self, nodes: int) -> int:
-        """The cut for a cluster of `nodes` nodes (no cut: `nodes`)."""
+    def size(self, nodes: int, *, gpu: bool = True) -> int:
+        """The cut for a pod (with GPUs or not) on a cluster of `nodes` nodes (no cut: `nodes`)."""
         if self.sample_nodes == "all":
             return nodes
-        if self.sample_nodes == "auto":
-            return sample_size(nodes)
-        return self.sample_nodes
+        count = sample_size(nodes)
+        if not gpu:
+            return count if self.sample_nodes == "auto" else max(self.sample_nodes, count)
+        return 1 if self.sample_nodes == "auto" else self.sample_nodes
 
 
 class QueuesConfig(_Strict):

@@ -82,6 +82,9 @@ class PodInfo:
     priority: int = 0  # spec.priority: who may preempt whom
     prefers: bool = False  # states preferences kube-scheduler scores (filter's sample keeps every node)
     device_error: str = ""  # why the device record is not trusted ("" if absent or valid)
+    # status.nominatedNodeName as this version of the object says (compare=False: the cache
+    # skips status chatter, so only a pod read at its own resourceVersion carries it exactly)
+    nominated: str = field(default="", compare=False)
     resource_version: str = field(default="", compare=False)  # as the object was read
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
@@ -190,6 +193,7 @@ def pod_info(obj: JSON) -> PodInfo:
         devices=devices,
         error=error,
         device_error=device_error,
+        nominated=_text(status.get("nominatedNodeName")),
         labels=meta.get("labels") or {},
         annotations=annotations,
         scheduler=spec.get("schedulerName", "default-scheduler"),

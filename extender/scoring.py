@@ -22,11 +22,7 @@ def fragmentation_scores(deltas: dict[str, float], tiers: dict[str, int], *, by_
     if not deltas:
         return {}
     tier = tiers.get
-    if tiers:
-        lead = min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))  # O(n): no sort
-    else:  # the common case (no packing preference here), in C-speed passes
-        least = min(deltas.values())
-        lead = min([n for n, d in deltas.items() if d == least])
+    lead = fragmentation_lead(deltas, tiers)
     top, first = tier(lead, 0), deltas[lead]
     if by_name:
         leaders = [lead]
@@ -48,6 +44,16 @@ def fragmentation_scores(deltas: dict[str, float], tiers: dict[str, int], *, by_
         scores[n] = 10
     floor = min(scores.values())
     return {n: v - floor for n, v in scores.items() if v > floor}
+
+
+def fragmentation_lead(deltas: dict[str, float], tiers: dict[str, int]) -> str:
+    """The node `fragmentation_scores` gives its one 10 with `by_name` (`deltas` not empty):
+    the best tier, then the least growth, then the first name. O(n), no sort."""
+    if tiers:
+        tier = tiers.get
+        return min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))
+    least = min(deltas.values())  # the common case (no packing preference here), in C-speed passes
+    return min([n for n, d in deltas.items() if d == least])
 
 
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:

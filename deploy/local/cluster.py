@@ -196,6 +196,7 @@ class LocalCluster:
         scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
         ignored_resources: Sequence[str] = (),
         extender_tls: ExtenderTLS | None = None,
+        percentage_of_nodes_to_score: int | None = None,
     ) -> None:
         """Restart kube-scheduler, stock (``extender_url=None``) or calling the extender
         (over HTTPS with ``extender_tls``: kube-scheduler's client certificate and the CA of
@@ -203,10 +204,13 @@ class LocalCluster:
 
         ``managed_resources`` narrows which pods the extender sees (default: all);
         ``ignored_resources`` are skipped by NodeResourcesFit (e.g. :data:`HAMI_RESOURCES`);
-        ``scheduler_names`` gives one profile per name.
+        ``scheduler_names`` gives one profile per name; ``percentage_of_nodes_to_score``
+        overrides kube-scheduler's adaptive default (for A/B runs).
         """
         settings = _settings(extender_url, managed_resources, scheduler_names, ignored_resources)
-        settings = replace(settings, extender_tls=extender_tls)
+        settings = replace(
+            settings, extender_tls=extender_tls, percentage_of_nodes_to_score=percentage_of_nodes_to_score
+        )
         with locked(self.layout):
             self._restart_scheduler(self._require_record(), settings)
 

@@ -1,9 +1,11 @@
 """KubeSchedulerConfiguration (``kubescheduler.config.k8s.io/v1``) for the local kube-scheduler.
 
 Without an extender this is the stock scheduler. With one, every profile calls the Phalanx
-extender for filter, prioritize, bind and preempt, and ``percentageOfNodesToScore`` is 100:
-otherwise kube-scheduler stops after a share of feasible nodes and the node a gang plan chose
-may never reach the extender. ``httpTimeout`` is 30 s rather than the 5 s default because the
+extender for filter, prioritize, bind and preempt. ``percentageOfNodesToScore`` is left to
+kube-scheduler's default (a share of the feasible nodes from 100 nodes up, 42 % of 1,000, 10 %
+of 5,000): a planned gang member carries its planned node as ``status.nominatedNodeName``,
+which kube-scheduler checks alone before any sample, so no plan needs every node offered.
+``httpTimeout`` is 30 s rather than the 5 s default because the
 extender holds gang members in bind until the whole gang has arrived.
 
 ``managedResources`` is empty by default on purpose: kube-scheduler only consults an extender
@@ -110,7 +112,6 @@ def scheduler_config(
     }
     if extender is not None:
         config["extenders"] = [extender]
-        percentage_of_nodes_to_score = 100
     if percentage_of_nodes_to_score is not None:
         config["percentageOfNodesToScore"] = percentage_of_nodes_to_score
     return config
@@ -125,6 +126,7 @@ class SchedulerSettings:
     scheduler_names: tuple[str, ...] = (DEFAULT_SCHEDULER_NAME,)
     ignored_resources: tuple[str, ...] = ()
     extender_tls: ExtenderTLS | None = None
+    percentage_of_nodes_to_score: int | None = None  # None: kube-scheduler's adaptive default
 
     def render(self, kubeconfig: Path) -> str:
         """Return the configuration file's text (stable, so two renders compare equal)."""
@@ -138,6 +140,7 @@ class SchedulerSettings:
             extender=extender,
             scheduler_names=self.scheduler_names,
             ignored_resources=self.ignored_resources,
+            percentage_of_nodes_to_score=self.percentage_of_nodes_to_score,
         )
         return yaml.safe_dump(config, sort_keys=False)
 

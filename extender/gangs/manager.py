@@ -77,6 +77,7 @@ PREEMPT_MEMO_S = 5.0  # how long the answer to "would evictions place this gang?
 PREEMPT_TIME_LIMIT_S = 0.25  # the what-if solve runs in kube-scheduler's PostFilter: keep it short
 MIN_ABOVE_COUNT = "minCount exceeds the members the gang declares"
 AWAITING_VICTIMS = "waiting for preempted pods to leave"
+NOT_OFFERED = "planned node not among the nodes offered"
 PREEMPT_RETRY_S = 3.0  # a gang that could not preempt asks the solver again at most this often
 PREEMPT_SOLVE_S = 0.5  # inner solves of the victim search
 HOLD_RETRY_S = 10.0  # a starving gang that got no hold (it fits nowhere even empty) asks again after this
@@ -237,7 +238,17 @@ class GangManager:
                 # candidate yet, and the reservation holds until then (or its deadline).
                 state.parked.add(pod.uid)
                 return Verdict.unschedulable(f"{AWAITING_VICTIMS}: {len(state.victims)} on the planned nodes")
+            if reservation is not None and pod.nominated != reservation.node:
+                # kube-scheduler filters a share of the nodes (percentageOfNodesToScore) unless
+                # the pod names a nominated node, which it checks alone first. This member was
+                # taken up before its nomination reached kube-scheduler (or a failed cycle
+                # cleared it): the node was not offered, not refused. Nominated again, and
+                # the write wakes it.
+                state.parked.add(pod.uid)
+                self.nudge(pod.namespace, pod.name, f"{state.plans}:offer", nominate=reservation.node)
+                return Verdict.unresolvable(f"{NOT_OFFERED}: {reservation.node} (nominated; retried)")
             if reservation is not None:
+                # Nominated and still not offered: kube-scheduler's own plugins refused the node.
                 self._release(state, "planned node is no longer a candidate")
             if spec.declared and spec.min_count > spec.declared:
                 reason = f"{MIN_ABOVE_COUNT}: minCount {spec.min_count}, {spec.declared} members"
@@ -271,8 +282,10 @@ class GangManager:
             state.parked.add(pod.uid)
             return Verdict(state.outcome, message=state.reason or NO_RESERVATION)
         if reservation.node not in names:
+            # Just planned while kube-scheduler offered this member a share of the nodes: its
+            # nomination (written by the plan) brings it back to that node alone.
             state.parked.add(pod.uid)
-            return Verdict.unschedulable(f"planned node {reservation.node} is not a candidate")
+            return Verdict.unresolvable(f"{NOT_OFFERED}: {reservation.node} (nominated; retried)")
         return Verdict.fits([reservation.node])
 
     # ------------------------------------------------------------------ planning

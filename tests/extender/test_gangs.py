@@ -11,7 +11,7 @@ import pytest
 
 from extender.cache import Cache
 from extender.eligibility import matches
-from extender.gangs.manager import GANG_TIMEOUT, WAITING_QUORUM, GangManager
+from extender.gangs.manager import GANG_TIMEOUT, NOT_OFFERED, WAITING_QUORUM, GangManager
 from extender.gangs.sources import (
     COSCHEDULING_POD_GROUP,
     KAI_POD_GROUP,
@@ -333,6 +333,35 @@ def test_a_gate_that_does_not_close_in_time_releases_everything() -> None:
     assert cache.assumed_uids() == set()
     assert ("Released", error) in rec.events
     assert rec.nominated == {"p0": "", "p1": ""}  # nominations cleared with the reservation
+
+
+def test_a_planned_node_left_out_of_a_sample_keeps_the_plan_and_nominates_again() -> None:
+    """kube-scheduler filters a share of the nodes unless the pod carries a nominated node: a
+    member taken up before its nomination landed is offered a sample without its planned node.
+    That is no refusal: the plan stays, the member is nominated and woken; only a member that
+    was nominated to the node and still not offered it (kube-scheduler's plugins refused the
+    node) releases the gang."""
+    mgr, cache, rec = manager_with(8, workload("job", 2))
+    members = add(cache, member("p0", "job"), member("p1", "job"))
+    everything = [f"n{i}" for i in range(8)]
+    planned = mgr.filter(members[0], everything).passed[0]  # type: ignore[union-attr]
+    other = mgr.gangs["wl:default/job"].plan[members[1].uid].node
+    sample = [n for n in everything if n != other]
+    rec.nudged.clear()
+    answer = mgr.filter(members[1], sample)
+    assert answer is not None and answer.passed == [] and answer.message.startswith(NOT_OFFERED)
+    assert answer.outcome.value == "unresolvable"  # no preemption attempt for a sampling gap
+    assert rec.nudged == ["p1"] and rec.nominated["p1"] == other
+    assert cache.assumed_uids() == {m.uid for m in members}  # the plan holds
+    # the nominated member is offered its node alone and gets it
+    assert mgr.filter(members[1], [other]).passed == [other]  # type: ignore[union-attr]
+    # nominated to the node, yet not offered it: kube-scheduler's own plugins refused the node
+    nominated = pod_info({**member("p1", "job"), "status": {"phase": "Pending", "nominatedNodeName": other}})
+    assert nominated.nominated == other
+    mgr.filter(nominated, sample)
+    assert any(reason == "Released" for reason, _ in rec.events)
+    state = mgr.gangs["wl:default/job"]
+    assert planned and state.plans == 2  # released, then planned again
 
 
 def test_a_second_gang_never_takes_a_reserved_node() -> None:

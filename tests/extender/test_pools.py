@@ -86,7 +86,7 @@ def test_unrated_models_do_not_take_tflops_requests() -> None:
 
 def test_a_pool_pod_runs_only_on_its_pool_and_an_unknown_pool_is_named(ext: Extender) -> None:
     _, body = call(ext, "/filter", {"Pod": tflops_pod("p", "100", "train"), "NodeNames": ["t0", "t1", "free0"]})
-    assert body["NodeNames"] == ["t0", "t1"]
+    assert body["NodeNames"] in (["t0"], ["t1"])  # Phalanx picks one of the pool's nodes (filter.sampleNodes)
     assert body["FailedNodes"] == {"free0": f"{NOT_IN_POOL} train"}
     _, body = call(ext, "/filter", {"Pod": tflops_pod("q", "100", "nope"), "NodeNames": ["t0"]})
     assert body["NodeNames"] == []

@@ -109,11 +109,24 @@ def test_a_pod_with_scored_preferences_keeps_every_node(ext: Extender) -> None:
     assert passed(ext, obj) == NODES
 
 
-@pytest.mark.parametrize(("setting", "want"), [("all", 300), ("auto", 144), ("150", 150), ("1000", 300)])
-def test_the_setting(ext: Extender, setting: str, want: int) -> None:
-    """auto: 300 nodes, kube-scheduler would score 48 % of them."""
+@pytest.mark.parametrize(
+    ("setting", "gpu", "cpu"), [("all", 300, 300), ("auto", 1, 144), ("150", 150, 150), ("1000", 300, 300)]
+)
+def test_the_setting(ext: Extender, setting: str, gpu: int, cpu: int) -> None:
+    """auto: a GPU pod gets Phalanx's pick; a pod without GPUs as many as kube-scheduler would
+    score (48 % of 300 nodes)."""
     ext.apply(parse(f"filter: {{sampleNodes: {setting}}}", source="test"))
-    assert len(passed(ext, half("q0"))) == want
+    assert len(passed(ext, half("q0"))) == gpu
+    assert len(passed(ext, pod("cpu"))) == cpu
+
+
+def test_by_default_phalanx_picks_a_gpu_pods_node() -> None:
+    """No setting: the GPU pod gets the node Phalanx ranks best (n250 fills a half-used GPU)."""
+    used = encode_devices((DeviceAssignment(1, 500, 0),))
+    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
+    running["status"]["phase"] = "Running"
+    extender: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
+    assert passed(extender, half("q0")) == ["n250"]
 
 
 def test_a_pod_that_fits_nowhere_still_hears_why_from_every_node(ext: Extender) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from extender.scoring import fragmentation_scores
+from extender.scoring import best, fragmentation_lead, fragmentation_scores
 from extender.scoring import score_band as _band
 
 
@@ -38,3 +40,15 @@ def test_fragmentation_scores(
     case: str, deltas: dict[str, float], tiers: dict[str, int], by_name: bool, want: dict[str, int]
 ) -> None:
     assert fragmentation_scores(deltas, tiers, by_name=by_name) == want, case
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_lead_is_the_one_node_scored_highest(seed: int) -> None:
+    """filter's cut to one node takes `fragmentation_lead` without scoring the rest: it must be
+    the node `fragmentation_scores` ranks first, ties and tiers included."""
+    rnd = random.Random(seed)
+    names = [f"n{i:02d}" for i in rnd.sample(range(60), rnd.randint(1, 40))]
+    deltas = {n: float(rnd.choice([0, 0.5, 1, 2, 3])) for n in names}
+    tiers = {n: rnd.choice([0, 1]) for n in names if rnd.random() < 0.5} if seed % 2 else {}
+    scores = fragmentation_scores(deltas, tiers, by_name=True)
+    assert best(names, scores, 1) == [fragmentation_lead(deltas, tiers)]

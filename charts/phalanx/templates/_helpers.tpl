@@ -45,7 +45,9 @@ leaderElection:
   leaderElect: true
   resourceNamespace: {{ .Release.Namespace }}
   resourceName: {{ .Values.leaderElection.leaseName }}
-percentageOfNodesToScore: 100
+{{- with .Values.kubeScheduler.percentageOfNodesToScore }}
+percentageOfNodesToScore: {{ . }}
+{{- end }}
 profiles:
   - schedulerName: {{ include "phalanx.schedulerName" . }}
     pluginConfig:
