@@ -38,7 +38,7 @@ Phases, on each cluster:
    strictly sequential trials.
 
     python -m benchmarks.kwok_gangs [--quick] [--nodes 1000,4000] [--trials N] [--wave N]
-                                    [--seed N] [--no-record]
+                                    [--sizes 8,64,512] [--seed N] [--no-record]
 
 Full: clusters of 1,000 and 4,000 nodes (sequentially), gangs of 8/64 (5 repetitions) and 512
 (3), 1,000 trials. Quick: 1,000 nodes, gangs of 8 and 64 (3 repetitions each), 50 trials.
@@ -591,9 +591,10 @@ def main() -> None:
     ap.add_argument("--trials", type=int, help="competing-gang trials on the first cluster (default 1000; quick 50)")
     ap.add_argument("--wave", type=int, default=5, help="trials run at once, each in its own block (default 5)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sizes", help="comma-separated gang sizes of phase 1 (default 8,64,512; quick 8,64)")
     args = ap.parse_args()
     nodes = [int(n) for n in (args.nodes or ("1000" if args.quick else "1000,4000")).split(",")]
-    sizes = [8, 64] if args.quick else [8, 64, 512]
+    sizes = [int(n) for n in (args.sizes or ("8,64" if args.quick else "8,64,512")).split(",")]
     reps = {8: 3, 64: 3} if args.quick else {8: 5, 64: 5, 512: 3}
     n_trials = args.trials if args.trials is not None else (50 if args.quick else 1000)
     results = []

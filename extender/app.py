@@ -164,7 +164,7 @@ class Extender:
                 kube,
                 "/api/v1/pods",
                 on_list=self.cache.replace_pod_infos,
-                on_event=self.cache.pod_event,
+                on_event=self._pod_event,
                 name="pods",
                 prepare=pod_info,
             ),
@@ -354,7 +354,7 @@ class Extender:
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up
                 if ticks % 10 == 1:
-                    self.sharing.refresh()  # the fragmentation measure's target workload
+                    self.verbs.refresh_workload()  # the fragmentation measure's target workload
                     self._check_levels()
             except Exception:
                 log.exception("periodic sweep failed")
@@ -449,6 +449,10 @@ class Extender:
     def _config_list(self, items: list[dict[str, Any]]) -> None:
         for obj in items:
             self._config_event("ADDED", obj)
+
+    def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
+        self.gangs.renominate(kind, obj)  # a planned member's nomination, cleared by a failed cycle
+        self.cache.pod_event(kind, obj)
 
     def _config_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":

@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from extender.cache import Cache
+from solver import PodShape
 
 
 @dataclass
@@ -26,6 +27,7 @@ class ShapeMemo:
     scores: dict[str, int] = field(default_factory=dict)
     deltas: dict[str, float] = field(default_factory=dict)  # fragmentation growth per node
     workload_generation: int = -1  # the target workload `deltas` were measured against
+    shape: PodShape | None = None  # the pod shape it is for (the sweep re-measures `deltas`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def sync(self, cache: Cache) -> None:

@@ -96,6 +96,7 @@ class Verbs:
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
+        self._warming = False  # the sweep re-measures fragmentation deltas (`refresh_workload`)
 
     @property
     def config(self) -> PhalanxConfig:
@@ -334,7 +335,7 @@ class Verbs:
         node ranked first alone (what a cut to one node keeps), without scoring the rest."""
         with memo.lock:
             memo.sync(self.cache)
-            if memo.workload_generation != self.sharing.workload_generation:
+            if memo.workload_generation != self.sharing.workload_generation and not self._warming:
                 memo.deltas.clear()
                 memo.workload_generation = self.sharing.workload_generation
             known = memo.deltas
@@ -369,8 +370,51 @@ class Verbs:
             if memo is None:
                 if len(self._memo) > 1024:
                     self._memo.clear()  # many distinct shapes: start over rather than grow
-                memo = self._memo[key] = ShapeMemo()
+                memo = self._memo[key] = ShapeMemo(shape=ask.shape)
             return memo
+
+    def refresh_workload(self) -> None:
+        """The sweep's refresh of the target workload (extender/sharing.py). When it moved far
+        enough to make every memoised fragmentation delta stale, they are measured again here,
+        off the verbs' path, for the nodes each shape had: otherwise the next filter of each
+        shape would measure its whole list (500 nodes: 20-30 ms, the p99 of a steady stream).
+        Meanwhile filter keeps ranking by the previous deltas, and measures the nodes that
+        moved against the new workload."""
+        self._warming = True
+        try:
+            before = self.sharing.workload_generation
+            self.sharing.refresh()
+            if self.sharing.workload_generation != before:
+                self._remeasure(self.sharing.workload_generation)
+        finally:
+            self._warming = False
+
+    def _remeasure(self, generation: int) -> None:
+        workload = self.sharing.workload()
+        with self._memo_lock:
+            memos = [m for m in self._memo.values() if m.deltas and m.shape is not None]
+        for memo in memos:
+            shape = memo.shape
+            assert shape is not None
+            with memo.lock:
+                memo.sync(self.cache)
+                names, epoch, cursor = list(memo.deltas), memo.epoch, memo.cursor
+            fresh: dict[str, float] = {}
+            for name in names:  # no lock held: filter goes on meanwhile
+                if (node := self.cache.node_model(name)) is not None:
+                    verdict = placement_delta(node, shape, workload)
+                    fresh[name] = verdict.delta if verdict.fits else math.inf
+            with memo.lock:
+                if self.sharing.workload_generation != generation:
+                    return  # moved again: the next refresh measures again
+                moved = self.cache.changes_since(epoch, cursor).nodes
+                if moved is None:
+                    continue  # the change log restarted: filter measures as it goes
+                memo.sync(self.cache)
+                for name in moved:
+                    fresh.pop(name, None)  # measured before the node moved
+                memo.deltas = fresh
+                memo.workload_generation = generation
 
     # ------------------------------------------------------------------ bind
 

@@ -50,7 +50,7 @@ from extender.gangs.ri_source import PREFIX as RI_PREFIX
 from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
 from extender.gangs.ri_source import RISource
 from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve
-from extender.objects import PodInfo
+from extender.objects import JSON, PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
 from extender.preemption import Claimant, Decision, Preemptor
 from extender.queues import Admitted
@@ -192,6 +192,9 @@ class GangManager:
         self.gangs: dict[str, GangState] = {}
         self._last_retry = 0.0
         self._last_starving = 0.0
+        # uid -> planned node, for the planned members not bound yet: kube-scheduler clears a
+        # pod's nominated node after every failed cycle, and the watch puts it back (`renominate`).
+        self.nominations: dict[str, str] = {}
         self.lock = threading.Condition(threading.RLock())
         self._solving = threading.Lock()
 
@@ -241,11 +244,10 @@ class GangManager:
             if reservation is not None and pod.nominated != reservation.node:
                 # kube-scheduler filters a share of the nodes (percentageOfNodesToScore) unless
                 # the pod names a nominated node, which it checks alone first. This member was
-                # taken up before its nomination reached kube-scheduler (or a failed cycle
-                # cleared it): the node was not offered, not refused. Nominated again, and
-                # the write wakes it.
+                # taken up before its nomination reached kube-scheduler: the node was not
+                # offered, not refused. The nomination's arrival requeues it; should this
+                # failed cycle clear it, the watch writes it again (`renominate`).
                 state.parked.add(pod.uid)
-                self.nudge(pod.namespace, pod.name, f"{state.plans}:offer", nominate=reservation.node)
                 return Verdict.unresolvable(f"{NOT_OFFERED}: {reservation.node} (nominated; retried)")
             if reservation is not None:
                 # Nominated and still not offered: kube-scheduler's own plugins refused the node.
@@ -678,10 +680,12 @@ class GangManager:
         state.deadline = time.monotonic() + spec.timeout_s
         for uid, node, devices in placements:
             state.plan[uid] = Reservation(node, devices)
+            self.nominations[uid] = node
         # Every planned member gets its node as its nominated node (kube-scheduler then checks
         # that node alone); only members kube-scheduler has parked need waking, the others are
-        # still queued and come with the nomination.
-        for uid, reservation in state.plan.items():
+        # still queued and come with the nomination. Those go first: kube-scheduler may take
+        # them up any moment, and without their nomination it offers them a sample of the nodes.
+        for uid, reservation in sorted(state.plan.items(), key=lambda item: item[0] in state.parked):
             planned = self.cache.pod(uid)
             if planned is not None and not planned.node:
                 wake = f"{state.plans}:{reservation.node}" if uid in state.parked else None
@@ -708,6 +712,25 @@ class GangManager:
         )
         return True
 
+    def renominate(self, kind: str, obj: JSON) -> None:
+        """A pod event from the watch: a planned member whose nominated node is not its planned
+        node gets it written again. kube-scheduler clears the nomination after every failed
+        cycle (its preemption finds nothing to evict), also when the nomination arrived during
+        that cycle; without it the member would be filtered on a sample of the nodes that may
+        not hold its planned one. O(1) per event; members leave the index once bound or gone."""
+        if not self.nominations:
+            return
+        meta = obj.get("metadata") or {}
+        uid = meta.get("uid")
+        node = self.nominations.get(uid) if isinstance(uid, str) else None
+        if node is None:
+            return
+        if kind == "DELETED" or (obj.get("spec") or {}).get("nodeName"):
+            self.nominations.pop(uid, None)  # type: ignore[arg-type]
+            return
+        if (obj.get("status") or {}).get("nominatedNodeName") != node:
+            self.nudge(str(meta.get("namespace") or ""), str(meta.get("name") or ""), None, nominate=node)
+
     def _expire(self, state: GangState) -> None:
         if state.plan and state.deadline and time.monotonic() > state.deadline:
             self.stats.timed_out()
@@ -715,6 +738,8 @@ class GangManager:
 
     def _release(self, state: GangState, reason: str) -> None:
         nominated = set(state.plan)
+        for uid in nominated:
+            self.nominations.pop(uid, None)
         self.cache.forget_unbound(list(state.plan))
         state.plan.clear()
         state.arrived.clear()

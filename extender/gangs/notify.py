@@ -30,6 +30,8 @@ log = structlog.get_logger("phalanx.gangs.notify")
 
 
 PLAN_ANNOTATION = "phalanx.io/gang-plan"
+NUDGERS = 16  # threads writing nominations and wake-ups
+NUDGE, WAKE = "nudge", "wake"  # queue entries: a nudge as asked; a wake-up put behind its nomination
 WAITING = "WaitingForQuorum"
 
 
@@ -45,12 +47,21 @@ class Notifier:
         # Each item carries how often it was tried: a write that fails (an API server outage) is
         # queued again, up to RETRIES times, behind the backoff.
         self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
-        self.nudges: queue.Queue[tuple[str, str, str | None, str | None, int]] = queue.Queue(maxsize=100_000)
+        # Pods to nudge, each at most once in the queue: a later nudge of a pod still waiting
+        # updates its entry (the latest wake-up value and nomination win), so a burst of watch
+        # events for one pod costs one write, and a 512-member plan is not stuck behind them.
+        # A wake-up that comes with a nomination is written after it, queued again behind every
+        # nomination queued meanwhile: any pod event wakes every member kube-scheduler parked,
+        # so all nominations must land first, or woken members find theirs missing.
+        self.nudges: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100_000)
+        self._pending: dict[tuple[str, str, str], tuple[str | None, str | None, int]] = {}
+        self._pending_lock = threading.Lock()
         self._nominate_refused = False
         self._transitions: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> condition -> (status, since)
-        # Several writers: a 512-member gang is woken in well under a second, not one by one.
+        # Several writers: a 512-member gang is nominated and woken in well under a second, not
+        # one by one (each write mostly waits on kube-apiserver).
         self.nudgers = [
-            threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(8)
+            threading.Thread(target=self._nudge_loop, name=f"gang-nudge-{i}", daemon=True) for i in range(NUDGERS)
         ]
         for t in self.nudgers:
             t.start()
@@ -89,10 +100,25 @@ class Notifier:
             log.warning("gang notification dropped: queue full", gang=spec.key, reason=reason)
 
     def nudge(self, namespace: str, name: str, value: str | None, nominate: str | None = None) -> None:
+        self._nudge((NUDGE, namespace, name), value, nominate, 0)
+
+    def _nudge(self, key: tuple[str, str, str], value: str | None, nominate: str | None, tries: int) -> None:
+        with self._pending_lock:
+            waiting = self._pending.get(key)
+            if waiting is not None:  # queued already: its entry takes what is new
+                self._pending[key] = (
+                    value if value is not None else waiting[0],
+                    nominate if nominate is not None else waiting[1],
+                    min(tries, waiting[2]),
+                )
+                return
+            self._pending[key] = (value, nominate, tries)
         try:
-            self.nudges.put_nowait((namespace, name, value, nominate, 0))
+            self.nudges.put_nowait(key)
         except queue.Full:
-            log.warning("gang member nudge dropped: queue full", pod=f"{namespace}/{name}")
+            with self._pending_lock:
+                self._pending.pop(key, None)
+            log.warning("gang member nudge dropped: queue full", pod=f"{key[1]}/{key[2]}")
 
     # Every loop below survives any exception (an API server outage raises urllib3's errors,
     # not only OSError): it logs, backs off while failures repeat, and goes on.
@@ -100,7 +126,10 @@ class Notifier:
     def _nudge_loop(self) -> None:
         failures = 0
         while True:
-            namespace, name, value, nominate, tries = self.nudges.get()
+            key = self.nudges.get()
+            with self._pending_lock:
+                value, nominate, tries = self._pending.pop(key)
+            _, namespace, name = key
             path = f"/api/v1/namespaces/{namespace}/pods/{name}"
             try:
                 if nominate is not None:
@@ -116,13 +145,17 @@ class Notifier:
                     if r.status == 403 and not self._nominate_refused:
                         self._nominate_refused = True  # the wake-up below still works; said once
                         log.warning("may not patch pods/status: members not nominated", error=str(r.body)[:256])
+                    if value is not None:
+                        self._nudge((WAKE, namespace, name), value, None, 0)  # behind the queued nominations
+                        value = None
                 if value is not None:
                     patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
                     self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
                 failures = 0
             except Exception as e:
                 failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
-                _again(self.nudges, (namespace, name, value, nominate, tries + 1), tries)
+                if tries + 1 < RETRIES:
+                    self._nudge(key, value, nominate, tries + 1)
 
     def _run(self) -> None:
         failures = 0

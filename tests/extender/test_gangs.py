@@ -348,11 +348,18 @@ def test_a_planned_node_left_out_of_a_sample_keeps_the_plan_and_nominates_again(
     other = mgr.gangs["wl:default/job"].plan[members[1].uid].node
     sample = [n for n in everything if n != other]
     rec.nudged.clear()
+    rec.nominated.clear()
     answer = mgr.filter(members[1], sample)
     assert answer is not None and answer.passed == [] and answer.message.startswith(NOT_OFFERED)
     assert answer.outcome.value == "unresolvable"  # no preemption attempt for a sampling gap
-    assert rec.nudged == ["p1"] and rec.nominated["p1"] == other
     assert cache.assumed_uids() == {m.uid for m in members}  # the plan holds
+    # kube-scheduler's failed cycle clears the nomination; the watch shows it and it is written again
+    cleared = {**member("p1", "job"), "status": {"phase": "Pending"}}
+    mgr.renominate("MODIFIED", cleared)
+    assert rec.nominated == {"p1": other} and rec.nudged == []
+    rec.nominated.clear()
+    mgr.renominate("MODIFIED", {**cleared, "status": {"phase": "Pending", "nominatedNodeName": other}})
+    assert rec.nominated == {}  # in place: nothing to write
     # the nominated member is offered its node alone and gets it
     assert mgr.filter(members[1], [other]).passed == [other]  # type: ignore[union-attr]
     # nominated to the node, yet not offered it: kube-scheduler's own plugins refused the node
@@ -362,6 +369,10 @@ def test_a_planned_node_left_out_of_a_sample_keeps_the_plan_and_nominates_again(
     assert any(reason == "Released" for reason, _ in rec.events)
     state = mgr.gangs["wl:default/job"]
     assert planned and state.plans == 2  # released, then planned again
+    # bound members leave the index: their events write nothing
+    bound = {**member("p0", "job", node_name=state.plan[members[0].uid].node)}
+    mgr.renominate("MODIFIED", bound)
+    assert members[0].uid not in mgr.nominations
 
 
 def test_a_second_gang_never_takes_a_reserved_node() -> None:

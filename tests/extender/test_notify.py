@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
+
 from extender.binder import Binder
+from extender.gangs import notify
 from extender.gangs.notify import PLAN_ANNOTATION, Notifier
 from tests.extender.fakes import FakeKube, pod
 
@@ -37,6 +41,30 @@ def test_a_queued_member_is_only_nominated_and_a_release_clears_it() -> None:
     assert patches(kube, 1) == [("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": "n3"}})]
     notifier.nudge("default", "a", None, nominate="")
     assert patches(kube, 2)[1] == ("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": None}})
+
+
+def test_nudges_of_a_pod_still_queued_become_one_write_with_the_latest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A burst of nudges for one pod (watch events while its nomination is on its way) is one
+    queue entry: one nomination write, the latest, then its one wake-up, behind the other
+    nominations queued meanwhile."""
+    monkeypatch.setattr(notify, "NUDGERS", 0)  # no writer yet: everything stays queued
+    kube = FakeKube()
+    kube.pods["default/a"] = pod("a")
+    kube.pods["default/b"] = pod("b")
+    notifier = Notifier(Binder(kube))
+    notifier.nudge("default", "a", None, nominate="n1")
+    notifier.nudge("default", "b", None, nominate="n7")
+    for node in ("n2", "n3"):
+        notifier.nudge("default", "a", None, nominate=node)
+    notifier.nudge("default", "a", "2:n3")
+    assert notifier.nudges.qsize() == 2
+    threading.Thread(target=notifier._nudge_loop, daemon=True).start()
+    # every nomination queued first, then the wake-up (any pod event wakes parked members)
+    assert patches(kube, 3) == [
+        ("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": "n3"}}),
+        ("/api/v1/namespaces/default/pods/b/status", {"status": {"nominatedNodeName": "n7"}}),
+        ("/api/v1/namespaces/default/pods/a", {"metadata": {"annotations": {PLAN_ANNOTATION: "2:n3"}}}),
+    ]
 
 
 WORKLOAD_OBJ = {

@@ -138,3 +138,29 @@ def test_a_pod_that_fits_nowhere_still_hears_why_from_every_node(ext: Extender) 
 def test_an_invalid_setting_names_the_field() -> None:
     with pytest.raises(ValueError, match=r"filter\.sampleNodes"):
         parse("filter: {sampleNodes: 0}", source="test")
+
+
+def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter() -> None:
+    """The sweep's refresh re-measures every memoised fragmentation delta when the target
+    workload moves, off the verbs' path: the next filter finds them measured (and equal to
+    what it would have measured itself), instead of measuring its whole node list."""
+    used = encode_devices((DeviceAssignment(1, 500, 0),))
+    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
+    running["status"]["phase"] = "Running"
+    ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
+    assert passed(ext, half("q0")) == ["n250"]
+    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
+    before = ext.sharing.workload_generation
+    for i in range(30):  # the mix moves to whole GPUs
+        whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
+        whole["status"]["phase"] = "Running"
+        ext.cache.pod_event("ADDED", whole)
+    ext.verbs.refresh_workload()
+    generation = ext.sharing.workload_generation
+    assert generation != before and memo.workload_generation == generation
+    measured = dict(memo.deltas)
+    assert len(measured) > 250  # every node it had, but those that moved since
+    memo.deltas.clear()
+    memo.workload_generation = -1
+    ext.verbs._fragmentation_scores(memo, NODES, memo.shape, ext.sharing.workload())  # type: ignore[arg-type]
+    assert {n: memo.deltas[n] for n in measured} == measured
