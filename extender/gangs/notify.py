@@ -144,7 +144,12 @@ class Notifier:
                     )
                     if r.status == 403 and not self._nominate_refused:
                         self._nominate_refused = True  # the wake-up below still works; said once
-                        log.warning("may not patch pods/status: members not nominated", error=str(r.body)[:256])
+                        log.warning(
+                            "may not patch pods/status: gang members not nominated; with kube-scheduler's "
+                            "default percentageOfNodesToScore they may not be offered their planned nodes "
+                            "(grant patch on pods/status, as deploy/kubernetes does)",
+                            error=str(r.body)[:256],
+                        )
                     if value is not None:
                         self._nudge((WAKE, namespace, name), value, None, 0)  # behind the queued nominations
                         value = None
