@@ -407,10 +407,13 @@ class Verbs:
             with memo.lock:
                 if self.sharing.workload_generation != generation:
                     return  # moved again: the next refresh measures again
+                # Synced first, then the changes since the measurement read up to a point at or
+                # past the memo's: a node touched in between is dropped from `fresh` here, and
+                # one touched later is dropped from the memo by a later sync.
+                memo.sync(self.cache)
                 moved = self.cache.changes_since(epoch, cursor).nodes
                 if moved is None:
                     continue  # the change log restarted: filter measures as it goes
-                memo.sync(self.cache)
                 for name in moved:
                     fresh.pop(name, None)  # measured before the node moved
                 memo.deltas = fresh

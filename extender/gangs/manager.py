@@ -722,14 +722,17 @@ class GangManager:
             return
         meta = obj.get("metadata") or {}
         uid = meta.get("uid")
-        node = self.nominations.get(uid) if isinstance(uid, str) else None
-        if node is None:
+        if not isinstance(uid, str) or uid not in self.nominations:
             return
-        if kind == "DELETED" or (obj.get("spec") or {}).get("nodeName"):
-            self.nominations.pop(uid, None)  # type: ignore[arg-type]
-            return
-        if (obj.get("status") or {}).get("nominatedNodeName") != node:
-            self.nudge(str(meta.get("namespace") or ""), str(meta.get("name") or ""), None, nominate=node)
+        with self.lock:  # a release between the read and the write would leave a stale nomination
+            node = self.nominations.get(uid)
+            if node is None:
+                return
+            if kind == "DELETED" or (obj.get("spec") or {}).get("nodeName"):
+                del self.nominations[uid]
+                return
+            if (obj.get("status") or {}).get("nominatedNodeName") != node:
+                self.nudge(str(meta.get("namespace") or ""), str(meta.get("name") or ""), None, nominate=node)
 
     def _expire(self, state: GangState) -> None:
         if state.plan and state.deadline and time.monotonic() > state.deadline:

@@ -56,6 +56,7 @@ class Notifier:
         self.nudges: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100_000)
         self._pending: dict[tuple[str, str, str], tuple[str | None, str | None, int]] = {}
         self._pending_lock = threading.Lock()
+        self._inflight: set[tuple[str, str, str]] = set()  # being written now
         self._nominate_refused = False
         self._transitions: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> condition -> (status, since)
         # Several writers: a 512-member gang is nominated and woken in well under a second, not
@@ -113,6 +114,8 @@ class Notifier:
                 )
                 return
             self._pending[key] = (value, nominate, tries)
+            if key in self._inflight:
+                return  # its writer queues it again when done: one pod's writes never overtake
         try:
             self.nudges.put_nowait(key)
         except queue.Full:
@@ -129,38 +132,60 @@ class Notifier:
             key = self.nudges.get()
             with self._pending_lock:
                 value, nominate, tries = self._pending.pop(key)
-            _, namespace, name = key
-            path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+                self._inflight.add(key)
             try:
-                if nominate is not None:
-                    # The planned node as the pod's nominated node: kube-scheduler then filters
-                    # the member on that node alone and skips scoring (evaluateNominatedNode),
-                    # instead of filtering every node. Written before the wake-up, so the
-                    # member comes back with it; a nomination that no longer holds costs one
-                    # failed check, after which kube-scheduler clears it and filters as usual.
-                    status = {"status": {"nominatedNodeName": nominate or None}}
-                    r = self.binder.kube.request(
-                        "PATCH", f"{path}/status", body=status, content_type="application/merge-patch+json"
+                failures = self._write(key, value, nominate, tries, failures)
+            finally:
+                with self._pending_lock:
+                    self._inflight.discard(key)
+                    again = key in self._pending
+                if again:  # nudged while being written: the newer entry goes after this write
+                    try:
+                        self.nudges.put_nowait(key)
+                    except queue.Full:
+                        with self._pending_lock:
+                            self._pending.pop(key, None)
+                        log.warning("gang member nudge dropped: queue full", pod=f"{key[1]}/{key[2]}")
+
+    def _write(
+        self, key: tuple[str, str, str], value: str | None, nominate: str | None, tries: int, failures: int
+    ) -> int:
+        """One pod's nomination and wake-up; the failures in a row, for the backoff."""
+        _, namespace, name = key
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            if nominate is not None:
+                # The planned node as the pod's nominated node: kube-scheduler then filters
+                # the member on that node alone and skips scoring (evaluateNominatedNode),
+                # instead of filtering every node. Written before the wake-up, so the
+                # member comes back with it; a nomination that no longer holds costs one
+                # failed check, after which kube-scheduler clears it and filters as usual.
+                status = {"status": {"nominatedNodeName": nominate or None}}
+                r = self.binder.kube.request(
+                    "PATCH", f"{path}/status", body=status, content_type="application/merge-patch+json"
+                )
+                _written(r.status, "nomination")
+                if r.status == 403 and not self._nominate_refused:
+                    self._nominate_refused = True  # the wake-up below still works; said once
+                    log.warning(
+                        "may not patch pods/status: gang members not nominated; with kube-scheduler's "
+                        "default percentageOfNodesToScore they may not be offered their planned nodes "
+                        "(grant patch on pods/status, as deploy/kubernetes does)",
+                        error=str(r.body)[:256],
                     )
-                    if r.status == 403 and not self._nominate_refused:
-                        self._nominate_refused = True  # the wake-up below still works; said once
-                        log.warning(
-                            "may not patch pods/status: gang members not nominated; with kube-scheduler's "
-                            "default percentageOfNodesToScore they may not be offered their planned nodes "
-                            "(grant patch on pods/status, as deploy/kubernetes does)",
-                            error=str(r.body)[:256],
-                        )
-                    if value is not None:
-                        self._nudge((WAKE, namespace, name), value, None, 0)  # behind the queued nominations
-                        value = None
                 if value is not None:
-                    patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
-                    self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
-                failures = 0
-            except Exception as e:
-                failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
-                if tries + 1 < RETRIES:
-                    self._nudge(key, value, nominate, tries + 1)
+                    self._nudge((WAKE, namespace, name), value, None, 0)  # behind the queued nominations
+                    value = None
+            if value is not None:
+                patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
+                r = self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+                _written(r.status, "wake-up")
+            return 0
+        except Exception as e:
+            failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
+            if tries + 1 < RETRIES:
+                self._nudge(key, value, nominate, tries + 1)
+            return failures
 
     def _run(self) -> None:
         failures = 0
@@ -269,6 +294,13 @@ def _backoff(failures: int, message: str, **fields: Any) -> int:
 
 
 RETRIES = 5
+
+
+def _written(status: int, what: str) -> None:
+    """A write kube-apiserver did not take for a passing reason (throttled, overloaded, down
+    behind a proxy) raises, so the writer backs off and tries again; 403 and 404 are final."""
+    if status == 429 or status >= 500:
+        raise RuntimeError(f"{what}: HTTP {status}")
 
 
 def _again(q: queue.Queue[Any], item: Any, tries: int) -> None:

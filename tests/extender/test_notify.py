@@ -10,6 +10,7 @@ import pytest
 from extender.binder import Binder
 from extender.gangs import notify
 from extender.gangs.notify import PLAN_ANNOTATION, Notifier
+from extender.kube import Response
 from tests.extender.fakes import FakeKube, pod
 
 
@@ -65,6 +66,68 @@ def test_nudges_of_a_pod_still_queued_become_one_write_with_the_latest(monkeypat
         ("/api/v1/namespaces/default/pods/b/status", {"status": {"nominatedNodeName": "n7"}}),
         ("/api/v1/namespaces/default/pods/a", {"metadata": {"annotations": {PLAN_ANNOTATION: "2:n3"}}}),
     ]
+
+
+class Throttled(FakeKube):
+    """kube-apiserver answering the first nomination writes 503, then 429."""
+
+    refusals = 2
+
+    def request(self, method: str, path: str, **kw: object) -> Response:  # type: ignore[override]
+        if method == "PATCH" and path.endswith("/status") and self.refusals:
+            self.refusals -= 1
+            return Response(503 if self.refusals else 429, {"message": "try later"})
+        return super().request(method, path, **kw)  # type: ignore[arg-type]
+
+
+def test_a_nomination_refused_for_now_is_written_again() -> None:
+    """429 and 5xx come back as answers, not exceptions: the writer must still back off and
+    write again, or a member that failed its cycle waits for kube-scheduler's 5-minute flush."""
+    kube = Throttled()
+    kube.pods["default/a"] = pod("a")
+    Notifier(Binder(kube)).nudge("default", "a", None, nominate="n3")
+    deadline = time.monotonic() + 10
+    while kube.pods["default/a"]["status"].get("nominatedNodeName") != "n3":
+        assert time.monotonic() < deadline, kube.calls
+        time.sleep(0.02)
+    assert kube.refusals == 0
+
+
+class Slow(FakeKube):
+    """The first nomination write of each pod waits until `go` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = threading.Event()
+        self.seen: set[str] = set()
+
+    def request(self, method: str, path: str, **kw: object) -> Response:  # type: ignore[override]
+        if method == "PATCH" and path.endswith("/status") and path not in self.seen:
+            self.seen.add(path)
+            self.go.wait(10)
+        return super().request(method, path, **kw)  # type: ignore[arg-type]
+
+
+def test_a_pods_writes_never_overtake_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A release nudged while the plan's nomination is being written must land after it (a
+    second writer taking it at once could finish first and leave the old nomination)."""
+    monkeypatch.setattr(notify, "NUDGERS", 0)
+    kube = Slow()
+    kube.pods["default/a"] = pod("a")
+    notifier = Notifier(Binder(kube))
+    for _ in range(2):
+        threading.Thread(target=notifier._nudge_loop, daemon=True).start()
+    notifier.nudge("default", "a", None, nominate="n3")
+    deadline = time.monotonic() + 10
+    while not kube.seen:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    notifier.nudge("default", "a", None, nominate="")  # the release, while n3 is on its way
+    time.sleep(0.2)  # a window in which the idle writer would take it if it could
+    kube.go.set()
+    statuses = [body for _, body in patches(kube, 2)]
+    assert statuses == [{"status": {"nominatedNodeName": "n3"}}, {"status": {"nominatedNodeName": None}}]
+    assert "nominatedNodeName" not in kube.pods["default/a"]["status"]
 
 
 WORKLOAD_OBJ = {

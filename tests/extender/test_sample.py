@@ -164,3 +164,35 @@ def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter()
     memo.workload_generation = -1
     ext.verbs._fragmentation_scores(memo, NODES, memo.shape, ext.sharing.workload())  # type: ignore[arg-type]
     assert {n: memo.deltas[n] for n in measured} == measured
+
+
+def test_a_node_that_moves_while_the_sweep_measures_is_not_installed_stale() -> None:
+    """The sweep measures without the memo's lock; a node touched after the measurement, even
+    right before the install's own sync, must not keep the delta measured before it moved."""
+    used = encode_devices((DeviceAssignment(1, 500, 0),))
+    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
+    running["status"]["phase"] = "Running"
+    ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
+    passed(ext, half("q0"))
+    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
+    for i in range(30):
+        whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
+        whole["status"]["phase"] = "Running"
+        ext.cache.pod_event("ADDED", whole)
+    original = type(memo).sync
+    calls = []
+
+    def touch_then_sync(self: Any, cache: Any) -> None:
+        calls.append(1)
+        if len(calls) == 2:  # the install: n200 moves just before the memo syncs
+            late = pod("late", gpus=2, node_name="n200")
+            late["status"]["phase"] = "Running"
+            cache.pod_event("ADDED", late)
+        original(self, cache)
+
+    memo.sync = touch_then_sync.__get__(memo)  # type: ignore[method-assign]
+    ext.verbs.refresh_workload()
+    assert len(calls) == 2 and memo.workload_generation == ext.sharing.workload_generation
+    del memo.sync
+    memo.sync(ext.cache)
+    assert "n200" not in memo.deltas  # dropped, to be measured again against the node as it is
