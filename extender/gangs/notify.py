@@ -116,6 +116,10 @@ class Notifier:
             self._pending[key] = (value, nominate, tries)
             if key in self._inflight:
                 return  # its writer queues it again when done: one pod's writes never overtake
+        self._enqueue(key)
+
+    def _enqueue(self, key: tuple[str, str, str]) -> None:
+        """Queue a pod whose entry is pending (dropped with it when the queue is full)."""
         try:
             self.nudges.put_nowait(key)
         except queue.Full:
@@ -140,12 +144,7 @@ class Notifier:
                     self._inflight.discard(key)
                     again = key in self._pending
                 if again:  # nudged while being written: the newer entry goes after this write
-                    try:
-                        self.nudges.put_nowait(key)
-                    except queue.Full:
-                        with self._pending_lock:
-                            self._pending.pop(key, None)
-                        log.warning("gang member nudge dropped: queue full", pod=f"{key[1]}/{key[2]}")
+                    self._enqueue(key)
 
     def _write(
         self, key: tuple[str, str, str], value: str | None, nominate: str | None, tries: int, failures: int
