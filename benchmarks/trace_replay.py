@@ -362,7 +362,7 @@ def phalanx_chooser(cache: DeltaCache, packer: Packer, pools: PoolTracker) -> Ch
     return choose
 
 
-class _ReplayBinder(Binder):
+class ReplayBinder(Binder):
     """Bind without an API server: the extender's verbs run in-process, on this replay."""
 
     def __init__(self) -> None:
@@ -396,7 +396,7 @@ def extender_chooser(cluster: Cluster) -> tuple[Chooser, Skipped]:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))  # no per-pod logs
     config = PhalanxConfig()
     cache = Cache(config.topology.levels, Hardware(config.gpu))
-    binder = _ReplayBinder()
+    binder = ReplayBinder()
     verbs = Verbs(cache, binder, config, Metrics())
     cache.replace_nodes(
         {
