@@ -434,6 +434,12 @@ class Cache:
         with self._lock:
             return [info.labels for info in self._nodes.values()]
 
+    def labels_of(self, names: list[str]) -> list[Mapping[str, str] | None]:
+        """The labels of each named node, None for a node the cache lacks (one lock for all)."""
+        with self._lock:
+            nodes = self._nodes
+            return [info.labels if (info := nodes.get(n)) is not None else None for n in names]
+
     def counted(self, node: str) -> list[Counted]:
         """The pods `node` counts, for the read API."""
         with self._lock:

@@ -22,6 +22,7 @@ import orjson
 
 from extender import quantity
 from extender.gpu import GPU, MANAGED, MIG_PREFIX, DemandError, container_resources, demand, profile_of
+from extender.node_pools import NODE_POOLS_ANNOTATION, NodePools, Reading, read
 from extender.pools import POOL_ANNOTATIONS, QOS_ANNOTATIONS, Hardware, annotation
 from solver import FULL_SHARE, DeviceAssignment, GpuDemand, GpuDevice, GpuKind, MigSlice, NodeName, Resources
 
@@ -30,6 +31,7 @@ MIG_LAYOUT_ANNOTATION = "phalanx.io/mig-layout"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 TERMINAL = ("Succeeded", "Failed")
+NO_POOLS = Reading()
 
 JSON = dict[str, Any]
 
@@ -74,7 +76,7 @@ class PodInfo:
     scheduler: str
     created: str
     scheduling_group: str = ""  # spec.schedulingGroup.podGroupName (scheduling.k8s.io gangs)
-    placement: str = ""  # nodeSelector, required affinity, tolerations and GPU pool, as canonical JSON
+    placement: str = ""  # nodeSelector, affinity, tolerations, GPU pool and node pools, as canonical JSON
     pool: str = ""  # GPU pool the pod asks for ("" = none)
     gpu_models: frozenset[str] | None = None  # GPU models its node selection allows (None: any)
     qos: str = ""  # QoS level within its pool
@@ -82,6 +84,8 @@ class PodInfo:
     priority: int = 0  # spec.priority: who may preempt whom
     prefers: bool = False  # states preferences kube-scheduler scores (filter's sample keeps every node)
     device_error: str = ""  # why the device record is not trusted ("" if absent or valid)
+    node_pools: NodePools = ()  # phalanx.io/node-pools, most preferred first (extender/node_pools.py)
+    node_pools_error: str = ""  # why that annotation is ignored ("" if absent or valid)
     # status.nominatedNodeName as this version of the object says (compare=False: the cache
     # skips status chatter, so only a pod read at its own resourceVersion carries it exactly)
     nominated: str = field(default="", compare=False)
@@ -181,6 +185,8 @@ def pod_info(obj: JSON) -> PodInfo:
         # kept with its error (filter refuses it, an event reports it), never dropped or raised.
         resources, gpu, requests, error = {}, GpuDemand(), Resources(pods=1), f"{type(e).__name__}: {e}"[:512]
     devices, device_error = _record(annotations.get(DEVICES_ANNOTATION), gpu, bool(spec.get("nodeName")))
+    text = annotations.get(NODE_POOLS_ANNOTATION)
+    pools = NO_POOLS if text is None else read(text)
     return PodInfo(
         uid=_text(meta.get("uid")),
         namespace=_text(meta.get("namespace")),
@@ -193,13 +199,15 @@ def pod_info(obj: JSON) -> PodInfo:
         devices=devices,
         error=error,
         device_error=device_error,
+        node_pools=pools.pools,
+        node_pools_error=pools.error,
         nominated=_text(status.get("nominatedNodeName")),
         labels=meta.get("labels") or {},
         annotations=annotations,
         scheduler=spec.get("schedulerName", "default-scheduler"),
         created=meta.get("creationTimestamp", ""),
         scheduling_group=(spec.get("schedulingGroup") or {}).get("podGroupName") or "",
-        placement=_placement(spec, pool),
+        placement=_placement(spec, pool, pools.pools),
         pool=pool,
         gpu_models=selected_models(spec),
         qos=annotation(annotations, QOS_ANNOTATIONS),
@@ -252,10 +260,12 @@ def owner_refs(meta: JSON) -> tuple[OwnerRef, ...]:
     return tuple(sorted(refs, key=lambda r: not r.controller))
 
 
-def _placement(spec: JSON, pool: str) -> str:
+def _placement(spec: JSON, pool: str, node_pools: NodePools) -> str:
     relevant = {k: spec[k] for k in ("nodeSelector", "affinity", "tolerations") if spec.get(k)}
     if pool:
         relevant["gpuPool"] = pool
+    if node_pools:  # canonical text: the same pools spelt differently make one gang group
+        relevant["nodePools"] = [str(s) for s in node_pools]
     return orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS).decode() if relevant else ""
 
 

@@ -1,14 +1,15 @@
 """The extender verbs: filter, prioritize, bind, preempt (kube-scheduler extender v1).
 
 Handlers stay short: parse, look up, call, map. Pods that request nothing Phalanx manages pass
-through filter and prioritize untouched. GPU pods are checked node by node against the
-cache's device accounting; each node's answer is memoised per pod shape and node version, so
-a stream of identical pods costs a dictionary lookup per node. Gang members are answered by
-the gang manager. Every answer is a typed `Verdict` (extender/outcomes.py) mapped to one reply
-field: `FailedNodes` where a change (or preemption) may help, `FailedAndUnresolvableNodes`
-where nothing can; internal faults go to `Error`. Sharing state (target workload, packer)
-lives in extender/sharing.py. Just past 400 lines: the four verbs share the parsed-pod cache,
-the shape memo and the reply mapping; the pure parts live in scoring.py, memo.py and wire.py.
+through filter and prioritize untouched, but for their node-pool order (extender/node_pools.py).
+GPU pods are checked node by node against the cache's device accounting; each node's answer
+is memoised per pod shape and node version, so a stream of identical pods costs a dictionary
+lookup per node. Gang members are answered by the gang manager. Every answer is a typed
+`Verdict` (extender/outcomes.py) mapped to one reply field: `FailedNodes` where a change (or
+preemption) may help, `FailedAndUnresolvableNodes` where nothing can; internal faults go to
+`Error`. Sharing state (target workload, packer) lives in extender/sharing.py. About 600
+lines: the four verbs share the parsed-pod cache, the shape memo and the reply mapping; the
+pure parts live in scoring.py, memo.py, wire.py and node_pools.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from extender.gangs.requests import taints
 from extender.kube import ApiError
 from extender.memo import ShapeMemo
 from extender.metrics import Metrics
+from extender.node_pools import TierMemo
 from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
@@ -97,6 +99,7 @@ class Verbs:
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
         self._warming = False  # the sweep re-measures fragmentation deltas (`refresh_workload`)
+        self._pool_tiers = TierMemo(cache.labels_of, lambda: self.cache.nodes_version)
 
     @property
     def config(self) -> PhalanxConfig:
@@ -153,7 +156,20 @@ class Verbs:
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         pod, names = self._pod(args), self._node_names(args)
-        return self._filter_reply(self._sample(pod, self._unheld(pod, self._verdict(pod, names))), names, pod)
+        verdict = self._unheld(pod, self._verdict(pod, names))
+        if pod.node_pools:
+            verdict = self._first_pool(pod, verdict)
+        return self._filter_reply(self._sample(pod, verdict), names, pod)
+
+    def _first_pool(self, pod: PodInfo, verdict: Verdict) -> Verdict:
+        """A pod with node pools (extender/node_pools.py) keeps, of the nodes that pass, those
+        of the first pool any of them is in (nodes in no pool last): the tier rule of a gang's
+        plan. Nothing fails for the cut, as for the sample: the other pools' nodes are simply
+        not offered while a better pool has a passing node, so none is ever hidden for good."""
+        if verdict.outcome not in (Fit.FITS, Fit.PASSTHROUGH) or len(verdict.passed) <= 1:
+            return verdict
+        kept = self._pool_tiers.first(pod.node_pools, verdict.passed)
+        return verdict if kept is verdict.passed else replace(verdict, passed=kept)
 
     def _unheld(self, pod: PodInfo, verdict: Verdict) -> Verdict:
         """A single pod kept off capacity held for a starving gang (extender/gangs/holds.py)."""
@@ -279,7 +295,18 @@ class Verbs:
         stays small when most nodes look alike. Pods without GPUs get scores only from the
         fragmentation measure (`_cpu_only_scores`)."""
         pod, names = self._pod(args), self._node_names(args)
-        return [self._host_score(n, v) for n, v in self._scores(pod, names).items()]
+        scores = self._pool_scores(pod, names) if pod.node_pools else self._scores(pod, names)
+        return [self._host_score(n, v) for n, v in scores.items()]
+
+    def _pool_scores(self, pod: PodInfo, names: list[str]) -> dict[str, int]:
+        """Prioritize agreeing with filter's pool cut: when `names` span several node pools,
+        only the first pool's nodes score, 1..10 by their own scores (s -> 1 + 9s // 10), so any
+        of them outranks the others."""
+        first = self._pool_tiers.first(pod.node_pools, names)
+        if len(first) == len(names):
+            return self._scores(pod, names)
+        scores = self._scores(pod, first)
+        return {n: 1 + scores.get(n, 0) * 9 // 10 for n in first}
 
     def _scores(self, pod: PodInfo, names: list[str], *, lead_only: bool = False) -> dict[str, int]:
         """Prioritize's scores for `names`, shifted so the lowest is 0 and zeros left out

@@ -202,17 +202,31 @@ class PodShape:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreBand:
+    """The nodes scoring `low`..`high` in a group's `node_scores` (absent nodes score 0): one
+    tier a gang is planned on."""
+
+    low: int
+    high: int = 100
+
+
+@dataclass(frozen=True, slots=True)
 class EqGroup:
     """`count` identical pods; groups of a gang are ranked in the order given.
 
     `node_scores` are the members' preferred nodes (preferred node affinity, node-pool order):
-    (node, 0..100), absent nodes 0. `plan()` places the gang on the highest tier of score it
-    fits in, then as compactly as it can there (see `solver/plan.py`)."""
+    (node, 0..100), absent nodes 0. `plan()` places the gang on the first tier it fits in,
+    then as compactly as it can there (see `solver/plan.py`). `tiers` are those tiers, best
+    first, when the caller knows them: node pools make each pool a band of its own (its nodes
+    alone, not the better pools' too). () lets `plan()` take the best distinct scores s, each
+    the band s..100. After its tiers a group may use every node it is allowed; without
+    `node_scores`, `tiers` mean nothing."""
 
     name: str
     shape: PodShape
     count: int
     node_scores: tuple[tuple[NodeName, int], ...] = ()
+    tiers: tuple[ScoreBand, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

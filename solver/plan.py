@@ -24,8 +24,8 @@ Unplaced gangs carry the binding constraint in words (`explain.py`).
 Around these phases: gangs with sub-groups are left out of phases 1-3 and placed afterwards by
 their own search on what the others left (`subgroups.py`); balanced gangs are then spread
 evenly over their preferred-level domains (`balance.py`); and when any group has node scores
-(preferred nodes), the whole plan runs once per score tier a scored gang needs, best tier
-first (`_preferring`). Priority order for a gang: admission, required topology and quorum
+(preferred nodes, node pools), the whole plan runs once per score tier a scored gang needs,
+best tier first (`_preferring`). Priority order for a gang: admission, required topology and quorum
 (sub-groups included), then its best preferred tier, then compactness, then balance.
 """
 
@@ -47,11 +47,14 @@ from solver.ledger import Ledger
 from solver.model import (
     Assignment,
     ClusterSnapshot,
+    EqGroup,
     GangName,
     GangPlan,
     GangRequest,
+    NodeName,
     Outcome,
     PlanResult,
+    ScoreBand,
     SolveStatus,
 )
 from solver.objective import compactness, domains_used
@@ -90,20 +93,29 @@ def plan(
 
 
 MAX_TIERS = 4  # score tiers tried per gang (the best ones), before all its eligible nodes
+# Tiers a caller names (`EqGroup.tiers`) tried at most: 16 node pools, each with a sub-tier for
+# its best preferred-affinity nodes, and the unpooled nodes' two take 34.
+MAX_GIVEN_TIERS = 40
+
+Level = tuple[ScoreBand | None, ...]  # per group of a gang, the band it keeps to (None: as asked)
 
 
 def _preferring(
     snapshot: ClusterSnapshot, requests: list[GangRequest], params: SolverParams, topo: TopologyIndex, started: float
 ) -> PlanResult:
     """Preferred nodes (`EqGroup.node_scores`) as tiers: each gang with scores is first planned
-    on its best-scored nodes only (score >= its highest tier), and a gang that does not fit
-    there is planned again on the next tier, down to every node it may use. A preference
-    never hides capacity: the last tier is the gang as asked. Tiers rank above compactness,
-    as a node pool does: a preferred rack is used while it holds the gang."""
-    tiers = [_tiers(r) for r in requests]
+    on its best tier only (its best-scored nodes, or its first node pool), and a gang that
+    does not fit there is planned again on the next tier, down to every node it may use. A
+    preference never hides capacity: the last tier is the gang as asked. Tiers rank above
+    compactness, as a node pool does: a preferred rack is used while it holds the gang. A
+    gang that widens skips, unplanned, each tier whose nodes cannot hold its quorum even
+    alone (`_has_room`): full node pools cost no solve each."""
+    tiers = [_levels(r) for r in requests]
     level = [0] * len(requests)
+    every = frozenset(n.name for n in snapshot.nodes)
+    room: dict[int, list[dict[NodeName, int]]] = {}  # gang -> per group, pods that fit each node
     while True:
-        asked = [_on_tier(r, t[lv]) for r, t, lv in zip(requests, tiers, level, strict=True)]
+        asked = [_on_tier(r, t[lv], every) for r, t, lv in zip(requests, tiers, level, strict=True)]
         result = _plan(snapshot, asked, params, topo, started)
         widen = [
             i for i, g in enumerate(result.gangs) if g.outcome is not Outcome.PLACED and level[i] < len(tiers[i]) - 1
@@ -111,27 +123,75 @@ def _preferring(
         if not widen:
             return result
         for i in widen:
+            if i not in room:
+                room[i] = _node_room(snapshot, requests[i], topo, params)
             level[i] += 1
+            while level[i] < len(tiers[i]) - 1 and not _has_room(requests[i], tiers[i][level[i]], room[i]):
+                level[i] += 1
 
 
-def _tiers(request: GangRequest) -> list[int]:
-    """Score thresholds to try, best first, ending with 0 (every eligible node)."""
-    scores = sorted({s for g in request.groups for _, s in g.node_scores if s > 0}, reverse=True)
-    return [*scores[:MAX_TIERS], 0]
+def _levels(request: GangRequest) -> list[Level]:
+    """The tiers to plan the gang on, best first, ending with the gang as asked: each scored
+    group keeps to its own `EqGroup.tiers` in turn (MAX_GIVEN_TIERS at most), and those that
+    name none to the best MAX_TIERS distinct scores s of them all (the band s..100 each)."""
+    groups = request.groups
+    scored = [g for g in groups if g.node_scores]
+    derived = sorted({s for g in scored if not g.tiers for _, s in g.node_scores if s > 0}, reverse=True)
+    count = min(MAX_GIVEN_TIERS, max([len(derived[:MAX_TIERS]), *(len(g.tiers) for g in scored)]))
+    levels = [tuple(_band(g, derived, i) for g in groups) for i in range(count)]
+    return [*levels, tuple(None for _ in groups)]
 
 
-def _on_tier(request: GangRequest, threshold: int) -> GangRequest:
-    """The request with each scored group limited to nodes scoring at least `threshold`."""
-    if threshold <= 0:
+def _band(group: EqGroup, derived: list[int], i: int) -> ScoreBand | None:
+    if not group.node_scores:
+        return None
+    if group.tiers:
+        return group.tiers[i] if i < len(group.tiers) else None
+    return ScoreBand(derived[i]) if i < min(len(derived), MAX_TIERS) else None
+
+
+def _in_band(group: EqGroup, band: ScoreBand, every: frozenset[NodeName]) -> frozenset[NodeName]:
+    """The nodes of the snapshot (`every`) that score within `band` (absent nodes score 0)."""
+    if band.low > 0:
+        return frozenset(n for n, s in group.node_scores if band.low <= s <= band.high)
+    return every - {n for n, s in group.node_scores if s > band.high}
+
+
+def _on_tier(request: GangRequest, level: Level, every: frozenset[NodeName]) -> GangRequest:
+    """The request with each group kept to its band of `level`."""
+    if all(band is None for band in level):
         return request
     groups = []
-    for g in request.groups:
-        if g.node_scores:
-            best = frozenset(n for n, s in g.node_scores if s >= threshold)
+    for g, band in zip(request.groups, level, strict=True):
+        if band is not None:
+            kept = _in_band(g, band, every)
             allowed = g.shape.allowed_nodes
-            g = replace(g, shape=replace(g.shape, allowed_nodes=best if allowed is None else allowed & best))
+            g = replace(g, shape=replace(g.shape, allowed_nodes=kept if allowed is None else allowed & kept))
         groups.append(g)
     return replace(request, groups=tuple(groups))
+
+
+def _node_room(
+    snapshot: ClusterSnapshot, request: GangRequest, topo: TopologyIndex, params: SolverParams
+) -> list[dict[NodeName, int]]:
+    """Per group of `request`, the pods of it that fit each node of the snapshot as it is."""
+    prepared = prepare(snapshot, [request], topo, unlabeled=params.unlabeled_nodes).gangs[0]
+    return [{snapshot.nodes[i].name: c for i, c in caps.node_caps.items()} for caps in prepared.groups]
+
+
+def _has_room(request: GangRequest, level: Level, room: list[dict[NodeName, int]]) -> bool:
+    """Whether the tier's nodes could hold the gang's quorum, each group counted alone on them:
+    a necessary condition only (other gangs, topology and shared nodes may still refuse it), so
+    a tier that fails it would fail planned too."""
+    total = 0
+    for group, band, fits in zip(request.groups, level, room, strict=True):
+        if band is None:
+            total += min(group.count, sum(fits.values()))
+        else:
+            score = dict(group.node_scores)
+            free = sum(c for n, c in fits.items() if band.low <= score.get(n, 0) <= band.high)
+            total += min(group.count, free)
+    return total >= request.quorum
 
 
 def _with_rejected(requests: list[GangRequest], rejected: dict[int, Explanation], result: PlanResult) -> PlanResult:

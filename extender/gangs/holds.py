@@ -87,7 +87,7 @@ def choose(snapshot: ClusterSnapshot, request: GangRequest, params: SolverParams
     preferring (node scores) the nodes with the most GPUs free now. None: it would not fit
     even on an empty cluster (nothing to hold for)."""
     scores = tuple((n.name, _freeness(n)) for n in snapshot.nodes if n.gpus)
-    groups = tuple(replace(g, node_scores=scores) for g in request.groups)
+    groups = tuple(replace(g, node_scores=scores, tiers=()) for g in request.groups)
     empty = replace(snapshot, nodes=tuple(_emptied(n) for n in snapshot.nodes))
     result = solver.plan(empty, [replace(request, groups=groups)], params=params)
     gang = result.gangs[0]

@@ -17,6 +17,8 @@ import orjson
 
 from extender.eligibility import matches, preference
 from extender.gangs.sources import GangSpec
+from extender.node_pools import NodePools, Preference
+from extender.node_pools import preference as pool_preference
 from extender.objects import PodInfo
 from extender.pools import Hardware, Pool
 from solver import ClusterSnapshot, EqGroup, GangName, GangRequest, GpuDemand, NodeName, PodShape, Resources, SubGroup
@@ -77,7 +79,8 @@ def request(snapshot: ClusterSnapshot, entry: Entry, *, hardware: Hardware, pool
     Pending members are grouped by sub-group, shape and placement. Members bound or planned
     already anchor the rest: the domain of the gang's required level they use, and per
     sub-group the domain of its own required level; they count toward the gang's and their
-    sub-group's minimum. Preferred node affinity becomes each group's node scores."""
+    sub-group's minimum. Node pools and preferred node affinity become each group's node
+    scores and tiers."""
     spec = entry.spec
     placed: list[tuple[PodInfo | None, str]] = [(p, p.node) for p in entry.members.bound] + entry.planned
     by_shape: dict[tuple[Any, ...], list[PodInfo]] = defaultdict(list)
@@ -100,8 +103,9 @@ def request(snapshot: ClusterSnapshot, entry: Entry, *, hardware: Hardware, pool
             own = anchor_domain(snapshot, subs[sub].topology.required, running[sub])
             where = own if where is None else (where & own if own is not None else where)
         shape = member_shape(snapshot, req, demand, placement, where, hardware=hardware, pool_models=pool_models)
-        scores = node_scores(snapshot, placement, shape.allowed_nodes) or near(snapshot, [n for _, n in placed])
-        eqs.append(EqGroup(name, shape, len(pods), node_scores=scores))
+        preferred = node_scores(snapshot, placement, shape.allowed_nodes, pods[0].node_pools)
+        scores = preferred.scores or near(snapshot, [n for _, n in placed])
+        eqs.append(EqGroup(name, shape, len(pods), node_scores=scores, tiers=preferred.tiers))
         if sub:
             in_sub[sub].append(name)
     subgroups, min_subgroups = _subgroups(spec, in_sub, running)
@@ -170,18 +174,21 @@ def _common(a: tuple[str, ...], b: tuple[str, ...]) -> int:
 
 
 def node_scores(
-    snapshot: ClusterSnapshot, placement: str, allowed: frozenset[NodeName] | None
-) -> tuple[tuple[NodeName, int], ...]:
-    """Preferred node affinity as the solver's node scores, normalised as kube-scheduler does
-    (the best node 100); () without preferred terms."""
-    if "preferredDuringScheduling" not in placement:
-        return ()
-    spec = orjson.loads(placement)
-    raw = {n.name: preference(n.name, n.labels, spec) for n in snapshot.nodes if allowed is None or n.name in allowed}
+    snapshot: ClusterSnapshot, placement: str, allowed: frozenset[NodeName] | None, pools: NodePools = ()
+) -> Preference:
+    """Node pools and preferred node affinity as the solver's node scores and tiers, over the
+    allowed nodes. Without pools: affinity normalised as kube-scheduler does (the best node
+    100), the solver choosing the tiers; with pools: extender/node_pools.py `preference`
+    (pools dominate, affinity orders nodes within each). No scores when neither is stated."""
+    nodes = [n for n in snapshot.nodes if allowed is None or n.name in allowed]
+    raw: dict[NodeName, int] = {}
+    if "preferredDuringScheduling" in placement:
+        spec = orjson.loads(placement)
+        raw = {n.name: w for n in nodes if (w := preference(n.name, n.labels, spec)) > 0}
+    if pools:
+        return pool_preference(((n.name, n.labels) for n in nodes), pools, raw)
     best = max(raw.values(), default=0)
-    if best <= 0:
-        return ()
-    return tuple(sorted((name, 100 * w // best) for name, w in raw.items() if w > 0))
+    return Preference(tuple(sorted((name, 100 * w // best) for name, w in raw.items())), ())
 
 
 def member_shape(
@@ -196,6 +203,7 @@ def member_shape(
 ) -> PodShape:
     """Members' shape: eligibility (selector, affinity, taints, GPU pool) within the anchor."""
     spec = orjson.loads(placement) if placement else {}
+    spec.pop("nodePools", None)  # a preference (node_scores), not eligibility
     allowed = allowed_nodes(snapshot, spec, anchor)
     pool_name = spec.get("gpuPool", "")
     if not pool_name:

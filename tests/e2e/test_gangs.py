@@ -362,6 +362,51 @@ def test_preferred_node_affinity_steers_a_gang(extender: dict[str, Extender], ku
         delete_pods(kube, f"phalanx.io/workload={name}")
 
 
+POOL_A = ["gpu-b1-r1-n06", "gpu-b1-r1-n07"]  # too small for a 3-node gang
+POOL_B = ["gpu-b1-r2-n04", "gpu-b1-r2-n05", "gpu-b1-r2-n06", "gpu-b1-r2-n07"]
+
+
+def label_nodes(kube: RestKube, names: list[str], value: str | None) -> None:
+    """Put the node-pool label on `names` (None: take it off)."""
+    for name in names:
+        patch = {"metadata": {"labels": {"phalanx.io/node-pool": value}}}
+        r = kube.request("PATCH", f"/api/v1/nodes/{name}", body=patch, content_type="application/merge-patch+json")
+        assert r.status == 200, r.body
+
+
+def test_node_pools_order_a_gang_and_single_pods(extender: dict[str, Extender], kube: RestKube) -> None:
+    """`phalanx.io/node-pools: ["e2e-a", "e2e-b"]`: a 3-member gang does not fit pool e2e-a
+    (2 nodes) and lands whole in e2e-b; single pods then fill e2e-a while it has room, and
+    the next one goes to e2e-b. Without pools each would go elsewhere (block b0 first)."""
+    pools = {"phalanx.io/node-pools": json.dumps(["e2e-a", "e2e-b"])}
+    cache = extender["current"].cache
+    try:
+        label_nodes(kube, POOL_A, "e2e-a")
+        label_nodes(kube, POOL_B, "e2e-b")
+        wait(
+            "the extender sees the pools",
+            lambda: (
+                [(m or {}).get("phalanx.io/node-pool") for m in cache.labels_of(POOL_A + POOL_B)]
+                == ["e2e-a"] * 2 + ["e2e-b"] * 4
+            ),
+        )
+        workload(kube, "pooled", 3)
+        for i in range(3):
+            member(kube, f"pooled-{i}", {"phalanx.io/workload": "pooled"}, annotations=pools)
+        placed = wait("gang bound", lambda: (b := bound(kube, "phalanx.io/workload=pooled")) and len(b) == 3 and b)
+        assert {p["spec"]["nodeName"] for p in placed} <= set(POOL_B)
+        for i, want in enumerate((POOL_A, POOL_A, POOL_B)):
+            member(kube, f"single-{i}", {"role": "pooled-single"}, annotations=pools)
+            path = f"/api/v1/namespaces/{NS}/pods/single-{i}"
+            node = wait(f"single-{i} bound", lambda path=path: kube.request("GET", path).body["spec"].get("nodeName"))
+            assert node in want, (i, node)
+    finally:
+        delete_pods(kube, "phalanx.io/workload=pooled")
+        delete_pods(kube, "role=pooled-single")
+        kube.request("DELETE", f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads/pooled")
+        label_nodes(kube, POOL_A + POOL_B, None)
+
+
 def test_a_coscheduling_pod_group_with_kai_topology_annotations(extender: dict[str, Extender], kube: RestKube) -> None:
     group = {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",

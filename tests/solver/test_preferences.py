@@ -8,6 +8,9 @@ the next tier, down to every node it may use; never less placement than without 
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import pytest
 
 from solver import (
@@ -18,6 +21,7 @@ from solver import (
     NodeName,
     Outcome,
     PlanResult,
+    ScoreBand,
     SolverParams,
     TopologyRequest,
     plan,
@@ -92,3 +96,61 @@ def test_a_preference_never_costs_another_gang_its_placement() -> None:
     result = solve(other, preferring)
     assert result.gang("other").outcome is Outcome.PLACED and result.gang("pref").outcome is Outcome.PLACED
     assert not racks(result, "pref") & racks(result, "other")
+
+
+# ---------------------------------------------------------------------------- given tiers (node pools)
+
+POOL_A = ("b0r0h0", "b0r0h1")  # scores 90: too small for three 8-GPU members
+POOL_B = ("b1r0h0", "b1r0h1", "b1r0h2", "b1r0h3")  # scores 50
+
+
+def pooled(count: int, tiers: tuple[ScoreBand, ...]) -> GangRequest:
+    node_scores = tuple((NodeName(n), 90) for n in POOL_A) + tuple((NodeName(n), 50) for n in POOL_B)
+    group = EqGroup("w", whole(8), count, node_scores=node_scores, tiers=tiers)
+    return GangRequest(GangName("g"), (group,))
+
+
+def test_a_given_tier_is_a_band_so_a_gang_does_not_spill_across_pools() -> None:
+    """Pool A (90) cannot hold three members: with the pools as bands the gang goes to pool B
+    whole; with the scores alone (tier "50 and up") it may mix A and B."""
+    banded = solve(pooled(3, (ScoreBand(90, 100), ScoreBand(50, 89))))
+    assert {a.node for a in banded.gang("g").assignments} <= set(POOL_B)
+    cumulative = solve(pooled(3, ()))
+    assert {a.node for a in cumulative.gang("g").assignments} <= set(POOL_A + POOL_B)
+
+
+def test_a_band_from_zero_takes_the_unscored_nodes() -> None:
+    """The last pool of a node-pool list, the nodes in no pool, scores 0..w-1: a band from 0
+    holds every node not scoring above it, scored or not."""
+    result = solve(pooled(3, (ScoreBand(90, 100), ScoreBand(50, 89), ScoreBand(0, 49))))
+    assert {a.node for a in result.gang("g").assignments} <= set(POOL_B)  # B holds it: not further
+    full = solve(pooled(5, (ScoreBand(90, 100), ScoreBand(50, 89), ScoreBand(0, 49))))
+    assert not {a.node for a in full.gang("g").assignments} & set(POOL_A + POOL_B)
+
+
+def test_more_given_tiers_than_derived_ones_each_stay_a_tier() -> None:
+    """Five one-node pools that cannot hold two members, then rack b1r0: the gang goes to the
+    sixth tier, not to every node (which four derived tiers would have led to)."""
+    singles = [f"b0r0h{i}" for i in range(4)] + ["b0r1h0"]
+    node_scores = tuple((NodeName(n), 95 - 10 * i) for i, n in enumerate(singles))
+    node_scores += tuple((NodeName(n), 40) for n in POOL_B)
+    tiers = (*(ScoreBand(95 - 10 * i, 95 - 10 * i) for i in range(5)), ScoreBand(40, 40))
+    group = EqGroup("w", whole(8), 2, node_scores=node_scores, tiers=tiers)
+    result = solve(GangRequest(GangName("g"), (group,)))
+    assert {a.node for a in result.gang("g").assignments} <= set(POOL_B)
+
+
+def test_tiers_that_cannot_hold_the_gang_are_skipped_unplanned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first tier is planned; of the four one-node tiers after it none could hold two
+    members alone, so the next plan is on rack b1r0: two solves, not six."""
+    plan_module = importlib.import_module("solver.plan")  # `solver.plan` is the function
+    calls = []
+    original = plan_module._plan
+
+    def counting(*args: Any, **kwargs: Any) -> PlanResult:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "_plan", counting)
+    test_more_given_tiers_than_derived_ones_each_stay_a_tier()
+    assert len(calls) == 2
