@@ -13,6 +13,7 @@ from pathlib import Path
 from extender.app import Extender, Options
 from extender.kube import RestKube
 from extender.leader import LeaderOptions
+from extender.policy.service import webhook_options
 from extender.tls import TLSFiles
 
 M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -74,7 +75,38 @@ def main() -> None:
         metavar="HOST:PORT",
         help="also serve /metrics (only) here, e.g. 0.0.0.0:9090 for Prometheus; the verbs stay on --host",
     )
+    ap.add_argument(
+        "--webhook-port",
+        type=int,
+        default=0,
+        help="serve the workload-policy admission webhooks (TLS) on this port; 0: off",
+    )
+    ap.add_argument("--webhook-host", default="0.0.0.0", help="the webhooks' listen address")
+    ap.add_argument(
+        "--webhook-service",
+        metavar="NAMESPACE/NAME[:PORT]",
+        help="the Service the API server calls the webhooks through (in-cluster)",
+    )
+    ap.add_argument(
+        "--webhook-url",
+        metavar="https://HOST:PORT",
+        help="the base URL the API server calls the webhooks at (a control plane outside the cluster)",
+    )
+    ap.add_argument(
+        "--webhook-cert-dir",
+        type=Path,
+        default=Path("/tmp/phalanx-webhook"),
+        help="where the webhook's serving certificate is written (shared through a Secret, rotated)",
+    )
     args = ap.parse_args()
+    webhook = None
+    if args.webhook_port:
+        try:
+            webhook = webhook_options(
+                args.webhook_host, args.webhook_port, args.webhook_service, args.webhook_url, args.webhook_cert_dir
+            )
+        except ValueError as e:
+            ap.error(str(e))
     metrics_address = None
     if args.metrics_address:
         host, _, port = args.metrics_address.rpartition(":")
@@ -100,7 +132,9 @@ def main() -> None:
         )
     tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
     kube = RestKube.from_kubeconfig(args.kubeconfig)
-    options = Options(args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address)
+    options = Options(
+        args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address, webhook
+    )
     extender = Extender(kube, options)
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())

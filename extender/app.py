@@ -49,6 +49,10 @@ from extender.kube import ApiError, Kube
 from extender.leader import LeaderOptions, Leadership
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
+from extender.policy.api import PolicyApi
+from extender.policy.service import PolicyService, WebhookOptions, plural_kinds
+from extender.policy.store import POLICIES_PATH, PolicyStore
+from extender.policy.webhook import Admission, queue_lookup
 from extender.pools import Hardware
 from extender.preemption import Preemptor
 from extender.queue_status import QUEUES_PATH, QueueStatusWriter
@@ -79,6 +83,7 @@ class Options:
     tls: TLSFiles | None = None  # serve HTTPS (verbs only for clients the client CA signed)
     leader: LeaderOptions | None = None  # HA: bind only while the kube-scheduler beside it leads
     metrics_address: tuple[str, int] | None = None  # also serve /metrics here (for Prometheus)
+    webhook: WebhookOptions | None = None  # serve the workload-policy admission webhooks
 
 
 class Extender:
@@ -150,6 +155,25 @@ class Extender:
             queues=self.queues,
         )
         self.read_api = ReadApi(self.cache, self.gangs, self.queues)
+        self.policies = PolicyStore(report=notifier.report)
+        self.admission = Admission(
+            self.policies,
+            self.registry,
+            queue_of=queue_lookup(self.queues.namespace_queue, lambda: self.config.queues.default_queue),
+            priority_of=self._priority_of,
+        )
+        self.policy_service = (
+            PolicyService(
+                kube,
+                self.admission,
+                options=options.webhook,
+                namespace=options.config_namespace,
+                metrics=self.metrics,
+                kinds=lambda: plural_kinds(self.dynamic.resources(), self.registry),
+            )
+            if options.webhook is not None
+            else None
+        )
         self.queue_status = QueueStatusWriter(
             kube,
             self.queues,
@@ -201,6 +225,14 @@ class Extender:
                 ("/apis/scheduling.run.ai/v2alpha2/podgroups", KAI_POD_GROUP, "podgroups.scheduling.run.ai"),
             )
         ]
+        self.policy_reflector = Reflector(
+            kube,
+            POLICIES_PATH,
+            name="workloadpolicies.phalanx.io",
+            optional=True,
+            on_list=self.policies.replace,
+            on_event=self.policies.event,
+        )
         self.config_reflector = Reflector(
             kube,
             f"/api/v1/namespaces/{options.config_namespace}/configmaps",
@@ -230,6 +262,7 @@ class Extender:
             apis={"/api/v1/workload-types": self.workload_types.api},
             authorizer=KubeAuthorizer(kube),
             tls=ServerTLS(options.tls) if options.tls else None,
+            routes=PolicyApi(self.admission).routes(),
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -259,12 +292,19 @@ class Extender:
             meta = obj.get("metadata") or {}
             self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
 
+    def _priority_of(self, name: str) -> int | None:
+        """A PriorityClass's value (a defaulted priorityClass must come with its priority)."""
+        r = self.kube.request("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
+        value = r.body.get("value") if r.status == 200 and isinstance(r.body, dict) else None
+        return value if isinstance(value, int) else None
+
     def _reflectors(self) -> list[Reflector]:
         return [
             *self.reflectors,
             *self.definition_reflectors,
             *self.queue_reflectors,
             self.config_reflector,
+            self.policy_reflector,
             *self.dynamic.running.values(),
         ]
 
@@ -297,13 +337,14 @@ class Extender:
                 self._seen(kind, obj)
 
     def _report_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
-        """A pod with a request or device record Phalanx cannot use gets a Warning Event naming
-        the field (a cache listener: it only queues)."""
+        """A pod with a request, device record or node-pool annotation Phalanx cannot use gets a
+        Warning Event naming the field (a cache listener: it only queues)."""
         if new is None:
             return
         for reason, problem, before in (
             ("InvalidGPURequest", new.error, old.error if old else ""),
             ("UntrustedDeviceRecord", new.device_error, old.device_error if old else ""),
+            ("InvalidNodePools", new.node_pools_error, old.node_pools_error if old else ""),
         ):
             if problem and problem != before:
                 ref = {
@@ -380,8 +421,10 @@ class Extender:
         # Filter and prioritize must not queue behind watch decoding for a whole 5 ms GIL slice.
         sys.setswitchinterval(0.001)
         logs.configure(self.config.server.log_level)
-        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, self.config_reflector]:
+        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, *self._config_reflectors()]:
             self._threads.append(r.start())
+        if self.policy_service is not None:
+            self.policy_service.start()
         self.dynamic.start()
         if self.leadership is not None:
             self.leadership.start()
@@ -412,8 +455,10 @@ class Extender:
             self.leadership.stop()
         self.gangs.shutdown()
         self.queue_status.stop()
-        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, self.config_reflector]:
+        for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, *self._config_reflectors()]:
             r.stop()
+        if self.policy_service is not None:
+            self.policy_service.stop()
         self.dynamic.stop()
         self.server.shutdown()
         self.server.server_close()
@@ -421,6 +466,9 @@ class Extender:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+
+    def _config_reflectors(self) -> list[Reflector]:
+        return [self.config_reflector, self.policy_reflector]
 
     def synced(self) -> bool:
         """Both the node and the pod lists are in: until then no verb may answer (a pass from

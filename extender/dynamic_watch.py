@@ -69,6 +69,11 @@ class DynamicWatches:
             reflector.start()
             log.info("watching", kind=str(gvk), path=path)
 
+    def resources(self) -> dict[GVK, str]:
+        """Each watched kind's resource path (its plural is the last segment)."""
+        with self.lock:
+            return {gvk: r.path for gvk, r in self.running.items()}
+
     def start(self) -> None:
         with self.lock:
             self.started = True

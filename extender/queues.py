@@ -322,6 +322,10 @@ class QueueBook:
         """Whether a scheduler that calls this extender schedules the pod (names seen)."""
         return pod.scheduler in self._schedulers
 
+    def namespace_queue(self, namespace: str) -> str:
+        """The queue a namespace's `phalanx.io/queue` label names ("" for none)."""
+        return self._namespaces.get(namespace, "")
+
     def queue_of(self, pod: PodInfo) -> str:
         for label in QUEUE_LABELS:
             value = pod.labels.get(label)

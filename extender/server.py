@@ -117,6 +117,8 @@ class Route:
     namespaced: bool = False  # the path below the route is <namespace>[/<name>]
     # A verb: on a TLS server with a client CA, only for a client with a verified certificate.
     verb: bool = False
+    # The RBAC verb whatever the method (a POST that only reads, e.g. a preview: "get").
+    rbac_verb: str = ""
 
     def access(self, method: str, rest: str) -> Access | None:
         if not self.rbac:
@@ -124,7 +126,9 @@ class Route:
         parts = [unquote(p) for p in rest.strip("/").split("/") if p]
         namespace = parts.pop(0) if self.namespaced and parts else ""
         name = "/".join(parts)
-        if method in READ_METHODS:
+        if self.rbac_verb:
+            verb = self.rbac_verb
+        elif method in READ_METHODS:
             verb = "get" if name else "list"
         elif method in WRITE_VERBS:
             verb = WRITE_VERBS[method]
@@ -155,6 +159,7 @@ class Server(ThreadingHTTPServer):
         limits: Limits = Limits(),
         authorizer: Authorizer | None = None,
         tls: ServerTLS | None = None,
+        routes: list[Route] | None = None,
     ) -> None:
         self.limits = limits
         self.authorizer = authorizer
@@ -181,6 +186,7 @@ class Server(ThreadingHTTPServer):
                 for prefix, api in (apis or {}).items()
             ),
             *(_read_route(prefix, read) for prefix, read in (reads or {}).items()),
+            *(routes or ()),
             *(
                 Route(post, f"/{name}", self._verb(name, verb), max_body=limits.verb_body, verb=True)
                 for name, verb in verbs.items()

@@ -1,11 +1,14 @@
 """``python -m deploy.local run`` (behind ``make run``): the whole system on the local cluster.
 
-Steps: bring the cluster up (or reuse it), start the Phalanx extender (``python -m extender``)
-as a child process on a loopback port, point kube-scheduler at it (NodeResourcesFit ignoring
+Steps: bring the cluster up (or reuse it), install the WorkloadPolicy CRD, start the Phalanx
+extender (``python -m extender``) as a child process on a loopback port, with its policy
+admission webhooks on another (registered by the extender itself at an https://127.0.0.1 URL),
+point kube-scheduler at it (NodeResourcesFit ignoring
 the HAMI-style resources no node advertises), apply the sample manifests
 (``config/samples/*.yaml``), wait until each sample pod is bound or reported unschedulable, and
 print where everything landed. Then it keeps serving until Ctrl-C (``--once`` stops right away);
-on the way out it stops the extender and tears the cluster down unless ``--keep-cluster``.
+on the way out it stops the extender and tears the cluster down unless ``--keep-cluster`` (then
+it also removes the webhook configurations: they fail closed, and nothing would serve them).
 """
 
 from __future__ import annotations
@@ -63,9 +66,24 @@ class Placement:
     detail: str
 
 
-def start_extender(cluster: LocalCluster, port: int) -> process.Launched:
-    """Start ``python -m extender`` against the cluster and wait until it reports ready."""
+POLICY_CRD = REPO_ROOT / "config" / "crds" / "phalanx.io_workloadpolicies.yaml"
+WEBHOOK_CONFIGURATIONS = (
+    "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/phalanx-policies",
+    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/phalanx-policies",
+)
+
+
+def start_extender(cluster: LocalCluster, port: int, webhook_port: int | None = None) -> process.Launched:
+    """Start ``python -m extender`` against the cluster and wait until it reports ready; with
+    `webhook_port`, its policy webhooks too (README "Workload policies")."""
     argv = [sys.executable, "-m", "extender", "--kubeconfig", str(cluster.kubeconfig_path), "--port", str(port)]
+    if webhook_port is not None:
+        argv += [
+            f"--webhook-port={webhook_port}",
+            f"--webhook-host={LOOPBACK}",
+            f"--webhook-url=https://{LOOPBACK}:{webhook_port}",
+            f"--webhook-cert-dir={cluster.layout.root / 'webhook'}",
+        ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
     log = cluster.layout.log("extender")
     launched = process.start(argv, log_path=log, env=env)
@@ -164,7 +182,16 @@ def run(cluster: LocalCluster, options: RunOptions) -> int:
     """Run the whole system; return the exit code."""
     cluster.up()
     port = options.port or free_port()
-    extender = start_extender(cluster, port)
+    with cluster.api_client() as api:
+        for name in ("phalanx-system",):  # the webhook certificate's Secret lives there
+            request_json(api, "POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+        request_json(
+            api,
+            "POST",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+            body=yaml.safe_load(POLICY_CRD.read_text()),
+        )
+    extender = start_extender(cluster, port, webhook_port=free_port())
     try:
         url = f"http://{LOOPBACK}:{port}"
         cluster.restart_scheduler(url, ignored_resources=HAMI_RESOURCES)
@@ -180,6 +207,9 @@ def run(cluster: LocalCluster, options: RunOptions) -> int:
         process.stop(extender.pid, Path(sys.executable), handle=extender.handle)
         if options.keep_cluster:
             cluster.restart_scheduler(None)
+            with cluster.api_client() as api:
+                for path in WEBHOOK_CONFIGURATIONS:
+                    request_json(api, "DELETE", path)
         else:
             cluster.down()
     return 0

@@ -284,8 +284,11 @@ def test_the_ha_values_render_two_spread_replicas_with_a_budget_in_place_of_the_
         {
             "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
             "ports": [{"protocol": "TCP", "port": 10259}, {"protocol": "TCP", "port": 9090}],
-        }
+        },
+        {"ports": [{"protocol": "TCP", "port": 9443}]},  # policies.enabled: the API server calls the webhooks
     ]
+    assert f"--webhook-service={HA_NAMESPACE}/phalanx-webhook:443" in extender["command"]
+    assert one(docs, "Service", "phalanx-webhook")["metadata"]["namespace"] == HA_NAMESPACE
 
 
 def test_extra_watched_kinds_are_read_only(helm: Helm) -> None:
@@ -331,6 +334,30 @@ def test_the_chart_renders_the_objects_of_deploy_kubernetes(helm: Helm) -> None:
     for theirs in shipped:
         ours = one(rendered, theirs["kind"], theirs["metadata"]["name"])
         assert _plain(ours) == _plain(theirs), f"{theirs['kind']}/{theirs['metadata']['name']}"
+
+
+def test_policies_render_the_objects_of_deploy_kubernetes_policies(helm: Helm) -> None:
+    """`policies.enabled` renders deploy/kubernetes/policies/policies.yaml, and the Deployment
+    that deployment-patch.json makes of the shipped one; the NetworkPolicy admits the webhook port."""
+    shipped = [d for d in manifests() if d["kind"] != "Namespace"]
+    replicas = one(shipped, "Deployment", "phalanx-scheduler")["spec"]["replicas"]
+    rendered = render(helm, "--set", f"replicas={replicas}", "--set", "policies.enabled=true")
+    extra = [d for d in yaml.safe_load_all((MANIFESTS / "policies" / "policies.yaml").read_text()) if d]
+    key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+    expected = [*map(key, shipped), *map(key, extra), ("NetworkPolicy", "phalanx-scheduler")]
+    assert sorted(map(key, rendered)) == sorted(expected)
+    for theirs in extra:
+        assert _plain(one(rendered, *key(theirs))) == _plain(theirs), key(theirs)
+    deployment = json.loads(json.dumps(one(shipped, "Deployment", "phalanx-scheduler")))
+    for op in json.loads((MANIFESTS / "policies" / "deployment-patch.json").read_text()):
+        assert op["op"] == "add" and op["path"].endswith("/-"), op  # appends only: applied here by hand
+        target: Any = deployment
+        for part in op["path"].strip("/").split("/")[:-1]:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        target.append(op["value"])
+    assert _plain(one(rendered, "Deployment", "phalanx-scheduler")) == _plain(deployment)
+    ingress = one(rendered, "NetworkPolicy", "phalanx-scheduler")["spec"]["ingress"]
+    assert {"ports": [{"protocol": "TCP", "port": 9443}]} in ingress
 
 
 def _plain(doc: Doc) -> Doc:
