@@ -50,6 +50,7 @@ from extender.leader import LeaderOptions, Leadership
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
 from extender.policy.api import PolicyApi
+from extender.policy.priorities import PriorityClasses
 from extender.policy.service import PolicyService, WebhookOptions, plural_kinds
 from extender.policy.store import POLICIES_PATH, PolicyStore
 from extender.policy.webhook import Admission, queue_lookup
@@ -160,7 +161,8 @@ class Extender:
             self.policies,
             self.registry,
             queue_of=queue_lookup(self.queues.namespace_queue, lambda: self.config.queues.default_queue),
-            priority_of=self._priority_of,
+            priorities=PriorityClasses(kube),
+            ready=lambda: self.policy_reflector.listed.is_set() or self.policy_reflector.absent,
         )
         self.policy_service = (
             PolicyService(
@@ -170,6 +172,7 @@ class Extender:
                 namespace=options.config_namespace,
                 metrics=self.metrics,
                 kinds=lambda: plural_kinds(self.dynamic.resources(), self.registry),
+                namespaces=self.policies.namespaces,
             )
             if options.webhook is not None
             else None
@@ -291,12 +294,6 @@ class Extender:
         if self.registry.lookup(gvk.group, gvk.version, gvk.kind) is not None:
             meta = obj.get("metadata") or {}
             self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
-
-    def _priority_of(self, name: str) -> int | None:
-        """A PriorityClass's value (a defaulted priorityClass must come with its priority)."""
-        r = self.kube.request("GET", f"/apis/scheduling.k8s.io/v1/priorityclasses/{name}")
-        value = r.body.get("value") if r.status == 200 and isinstance(r.body, dict) else None
-        return value if isinstance(value, int) else None
 
     def _reflectors(self) -> list[Reflector]:
         return [

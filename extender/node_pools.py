@@ -131,10 +131,12 @@ def preference(
     below every pool (0 without affinity: absent from the scores, still allowed). 16 pools
     leave w = 5: five affinity levels per pool.
 
-    Tiers, for the pools that have nodes, in order: the pool's best-affinity nodes (when its
-    nodes differ in affinity), then the whole pool, its nodes alone; then the same for the
-    nodes in no pool. The solver ends with every node the gang may use, so a gang goes to
-    the first pool that holds it whole, and spans pools only when none does."""
+    Tiers, for the pools that have nodes, in order: the pool's best-affinity nodes (rank 2k;
+    the whole pool when its nodes do not differ in affinity), then the whole pool, its nodes
+    alone (rank 2k + 1); then the same for the nodes in no pool. Ranks are the same for every
+    group of a gang, so the solver plans the whole gang inside one pool at a time (a group
+    with no node in a pool keeps to no node there). It ends with every node the gang may use,
+    so a gang goes to the first pool that holds it whole, and spans pools only when none does."""
     count = len(pools)
     width = 100 // (count + 1)
     best = max(affinity.values(), default=0)
@@ -149,13 +151,12 @@ def preference(
         low, high = spans.get(k, (score, score))
         spans[k] = (min(low, score), max(high, score))
     tiers: list[ScoreBand] = []
-    for k in sorted(spans):
+    for k in sorted(spans):  # ranks 2k (best affinity) and 2k + 1 (whole pool), alike per gang
         low, high = spans[k]
         floor = (count - k) * width
         top = floor + width - 1
-        if high > low:
-            tiers.append(ScoreBand(high, top))
-        tiers.append(ScoreBand(floor, top))
+        tiers.append(ScoreBand(high if high > low else floor, top, rank=2 * k))
+        tiers.append(ScoreBand(floor, top, rank=2 * k + 1))
     return Preference(tuple(sorted(scores)), tuple(tiers))
 
 

@@ -160,6 +160,7 @@ class Server(ThreadingHTTPServer):
         authorizer: Authorizer | None = None,
         tls: ServerTLS | None = None,
         routes: list[Route] | None = None,
+        admin: bool = True,
     ) -> None:
         self.limits = limits
         self.authorizer = authorizer
@@ -172,8 +173,9 @@ class Server(ThreadingHTTPServer):
         self.ready = ready
         get, post, delete = frozenset({"GET"}), frozenset({"POST"}), frozenset({"DELETE"})
         any_ = get | post | delete | {"PUT"}
-        # The route table: first match wins.
-        self.routes: list[Route] = [
+        # The route table: first match wins. `admin`: health, metrics and stats (a port that
+        # serves only `routes`, such as the admission webhooks', goes without).
+        admin_routes = [
             Route(get, "/healthz", lambda m, p, b: Reply(200, b"ok", "text/plain")),
             Route(get, "/readyz", self._readyz),
             Route(get, "/metrics", lambda m, p, b: Reply(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)),
@@ -181,6 +183,9 @@ class Server(ThreadingHTTPServer):
                 get, "/api/v1/stats", lambda m, p, b: Reply.json(200, {"latency": metrics.percentiles()}), rbac="stats"
             ),
             Route(delete, "/api/v1/stats", self._reset_stats, rbac="stats"),
+        ]
+        self.routes: list[Route] = [
+            *(admin_routes if admin else ()),
             *(
                 Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body, rbac=_resource(prefix))
                 for prefix, api in (apis or {}).items()

@@ -72,6 +72,7 @@ class Reflector:
         self.timeout_s = timeout_s
         self.page = page
         self.listed = threading.Event()
+        self.absent = False  # optional and not served (404) when last asked
         self.stopped = threading.Event()
         self.resource_version = ""
         self._absent_logged = False
@@ -104,6 +105,7 @@ class Reflector:
                 need_list = True
             except ApiError as e:
                 if self.optional and e.status == 404:
+                    self.absent = True
                     need_list = True
                     self._current = (self._current + 1) % len(self.paths)
                     if self._current == 0:  # every version asked once: wait before the next round
@@ -157,6 +159,7 @@ class Reflector:
                     break
         self.on_list(items)
         self.lists += 1
+        self.absent = False
         self.listed.set()
         log.info("listed", resource=self.name, count=len(items), pages=pages, resource_version=self.resource_version)
 

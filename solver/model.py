@@ -204,10 +204,13 @@ class PodShape:
 @dataclass(frozen=True, slots=True)
 class ScoreBand:
     """The nodes scoring `low`..`high` in a group's `node_scores` (absent nodes score 0): one
-    tier a gang is planned on."""
+    tier a gang is planned on. `rank` orders tiers across a gang's groups: at each rank every
+    group keeps to its band of that rank, and a group without one to no node (None: the band's
+    position in its group's tiers)."""
 
     low: int
     high: int = 100
+    rank: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

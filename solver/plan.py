@@ -131,22 +131,43 @@ def _preferring(
 
 
 def _levels(request: GangRequest) -> list[Level]:
-    """The tiers to plan the gang on, best first, ending with the gang as asked: each scored
-    group keeps to its own `EqGroup.tiers` in turn (MAX_GIVEN_TIERS at most), and those that
-    name none to the best MAX_TIERS distinct scores s of them all (the band s..100 each)."""
+    """The tiers to plan the gang on, best first, ending with the gang as asked. Groups that
+    name tiers (`EqGroup.tiers`) are planned rank by rank, the ranks of them all in order
+    (MAX_GIVEN_TIERS at most): at each, every such group keeps to its band of that rank, or
+    to no node when it has none, so the gang is planned inside one node pool at a time, never
+    spread over two by the position of its groups' tiers. Scored groups that name none take
+    the best MAX_TIERS distinct scores s of them all (the band s..100 each), by position.
+    Consecutive levels alike are tried once."""
     groups = request.groups
     scored = [g for g in groups if g.node_scores]
     derived = sorted({s for g in scored if not g.tiers for _, s in g.node_scores if s > 0}, reverse=True)
-    count = min(MAX_GIVEN_TIERS, max([len(derived[:MAX_TIERS]), *(len(g.tiers) for g in scored)]))
-    levels = [tuple(_band(g, derived, i) for g in groups) for i in range(count)]
+    ranked = [{_rank(b, i): b for i, b in enumerate(g.tiers)} for g in groups]
+    ranks = sorted({r for bands in ranked for r in bands})[:MAX_GIVEN_TIERS]
+    levels: list[Level] = []
+    for i in range(max(min(len(derived), MAX_TIERS), len(ranks))):
+        level = tuple(_band(g, bands, derived, ranks, i) for g, bands in zip(groups, ranked, strict=True))
+        if not levels or level != levels[-1]:
+            levels.append(level)
     return [*levels, tuple(None for _ in groups)]
 
 
-def _band(group: EqGroup, derived: list[int], i: int) -> ScoreBand | None:
+NOWHERE = ScoreBand(101, 100)  # a band no node scores in
+
+
+def _rank(band: ScoreBand, position: int) -> int:
+    return position if band.rank is None else band.rank
+
+
+def _band(
+    group: EqGroup, bands: dict[int, ScoreBand], derived: list[int], ranks: list[int], i: int
+) -> ScoreBand | None:
     if not group.node_scores:
         return None
     if group.tiers:
-        return group.tiers[i] if i < len(group.tiers) else None
+        if i >= len(ranks):
+            return None
+        found = bands.get(ranks[i], NOWHERE)
+        return ScoreBand(found.low, found.high)  # the rank has done its work: equal bands compare equal
     return ScoreBand(derived[i]) if i < min(len(derived), MAX_TIERS) else None
 
 

@@ -104,8 +104,10 @@ def request(snapshot: ClusterSnapshot, entry: Entry, *, hardware: Hardware, pool
             where = own if where is None else (where & own if own is not None else where)
         shape = member_shape(snapshot, req, demand, placement, where, hardware=hardware, pool_models=pool_models)
         preferred = node_scores(snapshot, placement, shape.allowed_nodes, pods[0].node_pools)
-        scores = preferred.scores or near(snapshot, [n for _, n in placed])
-        eqs.append(EqGroup(name, shape, len(pods), node_scores=scores, tiers=preferred.tiers))
+        if preferred.scores:
+            eqs.append(EqGroup(name, shape, len(pods), node_scores=preferred.scores, tiers=preferred.tiers))
+        else:  # near its placed peers, by score (pool tiers would keep it off them)
+            eqs.append(EqGroup(name, shape, len(pods), node_scores=near(snapshot, [n for _, n in placed])))
         if sub:
             in_sub[sub].append(name)
     subgroups, min_subgroups = _subgroups(spec, in_sub, running)

@@ -117,8 +117,9 @@ def _sum(containers: list[JSON], section: str) -> dict[str, tuple[Decimal, list[
     """Per resource: the total over the containers and the texts it was summed from."""
     out: dict[str, tuple[Decimal, list[str]]] = {}
     for c in containers:
-        values = ((c.get("resources") or {}).get(section) or {}) if isinstance(c, dict) else {}
-        for name, text in values.items() if isinstance(values, dict) else ():
+        resources = _object(c.get("resources")) if isinstance(c, dict) else {}
+        values = _object(resources.get(section))
+        for name, text in values.items():
             try:
                 value = quantity.parse(text)
             except (ValueError, TypeError):
@@ -137,11 +138,10 @@ def _total_text(entry: tuple[Decimal, list[str]]) -> str:
 def read_pod(template: Mapping[str, JSON]) -> tuple[dict[str, JSON], bool]:
     """The policy fields a pod or pod template asks for, and whether its GPU request is in a
     spelling other than the policy's (then GPU defaults are not written)."""
-    meta = template.get("metadata") or {}
-    spec = template.get("spec") or {}
-    annotations = meta.get("annotations") or {}
-    labels = meta.get("labels") or {}
-    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    meta, spec = _object(template.get("metadata")), _object(template.get("spec"))
+    annotations = {k: v for k, v in _object(meta.get("annotations")).items() if isinstance(v, str)}
+    labels = {k: v for k, v in _object(meta.get("labels")).items() if isinstance(v, str)}
+    containers = [c for c in _list(spec.get("containers")) if isinstance(c, dict)]
     requests, limits = _sum(containers, "requests"), _sum(containers, "limits")
     compute: dict[str, JSON] = {}
     policy = {f: annotations[POLICY_PREFIX + f] for f in POLICY_FIELDS if POLICY_PREFIX + f in annotations}
@@ -201,7 +201,7 @@ def read_pod(template: Mapping[str, JSON]) -> tuple[dict[str, JSON], bool]:
     if spec.get("priorityClassName"):
         out["priorityClass"] = spec["priorityClassName"]
     tolerations = []
-    for t in spec.get("tolerations") or []:
+    for t in _list(spec.get("tolerations")):
         if isinstance(t, dict) and not _system_toleration(t):
             item = {ours: t[theirs] for ours, theirs in _TOLERATION if theirs in t}
             item.setdefault("key", "")
@@ -218,11 +218,23 @@ def read_pod(template: Mapping[str, JSON]) -> tuple[dict[str, JSON], bool]:
     if TERMINATE in annotations:
         text = str(annotations[TERMINATE]).lower()
         out["terminateAfterPreemption"] = {"true": True, "false": False}.get(text, annotations[TERMINATE])
-    if mine := [{"name": k, "value": v} for k, v in annotations.items() if not _system_key(k)]:
+    if mine := [{"name": k, "value": v} for k, v in annotations.items() if not _system_key(k) and k not in OWNED]:
         out["annotations"] = mine
     if mine := [{"name": k, "value": v} for k, v in labels.items() if not _system_key(k)]:
         out["labels"] = mine
     return out, other and not policy
+
+
+#: Annotations other policy fields own: judged (and written) as those fields, not as annotations.
+OWNED = frozenset({*(POLICY_PREFIX + f for f in POLICY_FIELDS), NODE_POOLS, TERMINATE, KAI_REQUIRED, KAI_PREFERRED})
+
+
+def _object(value: JSON) -> dict[str, JSON]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: JSON) -> list[JSON]:
+    return value if isinstance(value, list) else []
 
 
 #: What the API server's DefaultTolerationSeconds admission adds to every pod before the webhooks.
@@ -272,23 +284,25 @@ def apply_pod_defaults(
     defaulted: frozenset[str] | set[str],
     *,
     gpu_in_other_spelling: bool,
-    priority: int | None = None,
+    priority: tuple[int, str] | None = None,
 ) -> dict[str, JSON] | None:
     """A copy of `template` with the defaulted fields written where `POD_FIELDS` says, or None
     when nothing changes. `values` are the evaluation's effective fields; `defaulted` names the
     fields (and itemized instances, `tolerations[key]`) whose value came from a default.
-    `priority` is the defaulted PriorityClass's value, written beside its name in a pod (a
-    template leaves it to the pod's own admission)."""
+    `priority` is the defaulted PriorityClass's value and preemption policy, written beside its
+    name in a pod (a template leaves them to the pod's own admission)."""
     tops = {d.split("[", 1)[0] for d in defaulted}
-    if not tops:
-        return None
+    if not tops or not all(isinstance(template.get(k, {}), dict) for k in ("metadata", "spec")):
+        return None  # nothing to write, or a template too malformed to write into
     out = copy.deepcopy(dict(template))
     meta = out.setdefault("metadata", {})
     spec = out.setdefault("spec", {})
-    annotations: dict[str, str] = dict(meta.get("annotations") or {})
-    labels: dict[str, str] = dict(meta.get("labels") or {})
-    containers = spec.get("containers") or []
+    annotations: dict[str, str] = dict(_object(meta.get("annotations")))
+    labels: dict[str, str] = dict(_object(meta.get("labels")))
+    containers = _list(spec.get("containers"))
     main = containers[0] if containers and isinstance(containers[0], dict) else None
+    if main is not None and not isinstance(main.setdefault("resources", {}), dict):
+        main = None
     for field in sorted(tops):
         value = _get(values, field)
         if value is None:
@@ -306,23 +320,27 @@ def apply_pod_defaults(
             if main is not None:
                 section = "requests" if name.endswith("Request") else "limits"
                 resource = "cpu" if "Core" in name else "memory"
-                main.setdefault("resources", {}).setdefault(section, {})[resource] = _text(value)
+                section_of = main["resources"].setdefault(section, {})
+                if isinstance(section_of, dict):
+                    section_of[resource] = _text(value)
         elif field == "compute.extendedResources":
             if main is not None:
-                res = main.setdefault("resources", {})
+                res = main["resources"]
                 for item in value:
                     if _touched(defaulted, field, item.get("resource")):
                         for section in ("requests", "limits"):
-                            res.setdefault(section, {})[str(item["resource"])] = _text(item.get("quantity", 1))
+                            into = res.setdefault(section, {})
+                            if isinstance(into, dict):
+                                into[str(item["resource"])] = _text(item.get("quantity", 1))
         elif field == "nodePools":
             annotations[NODE_POOLS] = orjson.dumps(value).decode()
         elif field == "priorityClass":
             spec["priorityClassName"] = value
             if priority is not None:
-                spec["priority"] = priority
+                spec["priority"], spec["preemptionPolicy"] = priority
         elif field == "tolerations":
             have = spec.setdefault("tolerations", [])
-            for item in value:
+            for item in value if isinstance(have, list) else ():
                 if _touched(defaulted, field, item.get("key", "")):
                     toleration = {theirs: item[ours] for ours, theirs in _TOLERATION if ours in item}
                     if "seconds" in item:

@@ -6,13 +6,15 @@ registered at run time and the `caBundle` follows the certificate Phalanx rotate
 The choices, and what they mean when Phalanx is down:
 - `failurePolicy: Fail` for both. A policy is a limit (quotas of GPUs, required fields): an
   outage must not let violations in. While Phalanx is down, creating pods and workloads in the
-  namespaces the webhooks cover is refused with the webhook's connection error; Phalanx is
-  these pods' scheduler, so they could not be placed then anyway, and controllers retry.
+  namespaces the webhooks cover is refused with the webhook's connection error (controllers
+  retry); the namespaces are only those policies cover (below).
 - `timeoutSeconds: 5`: an answer takes milliseconds; a hung process costs a submission 5 s, not
   the API server's default 10.
-- `namespaceSelector` leaves out `kube-system`, `kube-public`, `kube-node-lease`, Phalanx's own
-  namespace and every namespace labelled `phalanx.io/policies: disabled`: the control plane
-  and Phalanx itself never wait on Phalanx, and an operator can take a namespace out at once.
+- `namespaceSelector`: only the namespaces policies cover (all of them once a policy covers a
+  queue or the cluster; none without policies), never `kube-system`, `kube-public`,
+  `kube-node-lease`, Phalanx's own namespace or one labelled `phalanx.io/policies: disabled`:
+  a namespace without policies, the control plane and Phalanx itself never wait on Phalanx,
+  and an operator can take a namespace out at once.
 - `sideEffects: None` (the handlers change nothing; dry-run requests are served alike),
   `reinvocationPolicy: Never`, `matchPolicy: Equivalent`.
 """
@@ -37,6 +39,7 @@ CONFIG_NAME = "phalanx-policies"
 DISABLED_LABEL = "phalanx.io/policies"
 SYSTEM_NAMESPACES = ("kube-system", "kube-public", "kube-node-lease")
 TIMEOUT_S = 5
+NAME_LABEL = "kubernetes.io/metadata.name"
 JSON = Any
 
 
@@ -63,8 +66,25 @@ class Endpoint:
         return config
 
 
+def namespace_selector(namespaces: frozenset[str] | None, own_namespace: str) -> dict[str, JSON]:
+    """The namespaces the webhooks cover: those policies cover (None: all), never the system
+    ones, Phalanx's own or one labelled `phalanx.io/policies: disabled`; none without policies."""
+    excluded = {*SYSTEM_NAMESPACES, own_namespace}
+    disabled = {"key": DISABLED_LABEL, "operator": "NotIn", "values": ["disabled"]}
+    if namespaces is None:
+        return {"matchExpressions": [{"key": NAME_LABEL, "operator": "NotIn", "values": sorted(excluded)}, disabled]}
+    covered = sorted(namespaces - excluded)
+    if not covered:  # every namespace carries the name label: DoesNotExist matches none
+        return {"matchExpressions": [{"key": NAME_LABEL, "operator": "DoesNotExist"}]}
+    return {"matchExpressions": [{"key": NAME_LABEL, "operator": "In", "values": covered}, disabled]}
+
+
 def configurations(
-    endpoint: Endpoint, ca_bundle: bytes, kinds: Iterable[tuple[GVK, str]], own_namespace: str
+    endpoint: Endpoint,
+    ca_bundle: bytes,
+    kinds: Iterable[tuple[GVK, str]],
+    own_namespace: str,
+    namespaces: frozenset[str] | None = None,
 ) -> tuple[dict[str, JSON], dict[str, JSON]]:
     """The MutatingWebhookConfiguration and ValidatingWebhookConfiguration for pods, Jobs and the
     workload kinds `kinds` ((kind, its resource plural))."""
@@ -80,13 +100,7 @@ def configurations(
 
     rules = [rule("", "v1", "pods", ["CREATE"]), rule("batch", "v1", "jobs", ["CREATE", "UPDATE"])]
     rules += [rule(gvk.group, gvk.version, plural, ["CREATE", "UPDATE"]) for gvk, plural in sorted(set(kinds))]
-    excluded = sorted({*SYSTEM_NAMESPACES, own_namespace})
-    selector = {
-        "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded},
-            {"key": DISABLED_LABEL, "operator": "NotIn", "values": ["disabled"]},
-        ]
-    }
+    selector = namespace_selector(namespaces, own_namespace)
 
     def webhook(name: str, path: str) -> dict[str, JSON]:
         return {
@@ -136,10 +150,17 @@ class Registration:
         self._written: tuple[bytes, ...] = ()
         self._lock = threading.Lock()
 
-    def sync(self, ca_bundle: bytes, kinds: Iterable[tuple[GVK, str]], *, force: bool = False) -> bool:
+    def sync(
+        self,
+        ca_bundle: bytes,
+        kinds: Iterable[tuple[GVK, str]],
+        namespaces: frozenset[str] | None = None,
+        *,
+        force: bool = False,
+    ) -> bool:
         """Create or update both configurations; True when they are current. Raises on
         transport errors (the caller retries on its next round)."""
-        bodies = configurations(self.endpoint, ca_bundle, kinds, self.own_namespace)
+        bodies = configurations(self.endpoint, ca_bundle, kinds, self.own_namespace, namespaces)
         stamp = tuple(orjson.dumps(b, option=orjson.OPT_SORT_KEYS) for b in bodies)
         with self._lock:
             if stamp == self._written and not force:

@@ -57,12 +57,14 @@ class PolicyService:
         namespace: str,
         metrics: Metrics,
         kinds: Callable[[], Iterable[tuple[GVK, str]]],
+        namespaces: Callable[[], frozenset[str] | None] = lambda: None,
     ) -> None:
         self.kube = kube
         self.admission = admission
         self.options = options
         self.metrics = metrics
         self.kinds = kinds
+        self.namespaces = namespaces
         self.certs = WebhookCerts(kube, namespace, options.cert_dir, dns_names=options.dns_names, ips=options.ips)
         self.registration = Registration(kube, options.endpoint, namespace)
         self.server: Server | None = None
@@ -113,13 +115,16 @@ class PolicyService:
         serving.join(timeout=5)
 
     def upkeep(self, *, due: bool, now: dt.datetime | None = None) -> None:
-        """One round: renew the certificate when `due` (the Secret may also hold another
-        replica's renewal), make the webhook configurations trust its CA, then serve it."""
+        """One round: read the Secret (renewing the certificate when it is due, or taking another
+        replica's renewal), make the webhook configurations trust its CAs, then serve it. The
+        Secret is read every round, just before the configurations are written, so a replica
+        never writes back a CA list older than the one another replica served from. `due`:
+        also compare the configurations with what the API server holds (someone may have
+        edited them)."""
         try:
-            bundle = self.certs.ensure(now) if due else self.certs.bundle
-            if bundle is None:
-                return
-            if self.registration.sync(bundle.ca, self.kinds(), force=due or not self.started.is_set()):
+            bundle = self.certs.ensure(now)
+            covered = self.namespaces()
+            if self.registration.sync(bundle.ca, self.kinds(), covered, force=due or not self.started.is_set()):
                 self.certs.install(bundle)
                 self.started.set()
         except Exception as e:
@@ -140,6 +145,7 @@ class PolicyService:
             ready=lambda: True,
             routes=routes,
             tls=tls,
+            admin=False,  # AdmissionReviews only: /metrics stays where networkPolicy.metricsFrom admits
         )
 
 

@@ -151,7 +151,10 @@ def option_breach(kind: Kind, value: JSON, options: Sourced[tuple[str, ...]]) ->
 
 
 def natural_breach(field: Field, value: JSON) -> Breach | None:
-    """A value outside the options the field has whatever the policies say (gpuRequestType)."""
+    """A value outside the options the field has whatever the policies say (gpuRequestType), or
+    one its own check refuses (a node-pool list the scheduler cannot read)."""
+    if field.check is not None and (problem := field.check(value)):
+        return Breach(Rule.TYPE, f"{show(value)}: {problem} (type)", "")
     return option_breach(field.kind, value, Sourced(field.options, "")) if field.options else None
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import structlog
 
 from extender.policy.evaluate import Effective, Policy, PolicyError, merge, parse_policy
+from extender.policy.spec import Level
 
 log = structlog.get_logger("phalanx.policy")
 
 POLICIES_PATH = "/apis/phalanx.io/v1alpha1/workloadpolicies"
+MAX_MERGED = 4096  # (namespace, queue) merges kept
 Report = Callable[[dict[str, Any], str, str], None]  # (object, reason, message): a Warning Event
 
 
@@ -80,6 +82,16 @@ class PolicyStore:
         self._merged = {}
         self.generation += 1
 
+    def namespaces(self) -> frozenset[str] | None:
+        """The namespaces some policy covers; None when one covers a queue or the cluster (a
+        queue's workloads may be in any namespace). The webhooks are registered for these only:
+        namespaces no policy covers never wait on Phalanx."""
+        with self._lock:
+            scopes = [p.scope for p in self._policies.values()]
+        if any(s.level is not Level.NAMESPACE for s in scopes):
+            return None
+        return frozenset(s.name for s in scopes)
+
     def names(self) -> list[str]:
         with self._lock:
             return sorted(self._policies)
@@ -91,6 +103,8 @@ class PolicyStore:
         if merged is not None:
             return merged
         with self._lock:
+            if len(self._merged) >= MAX_MERGED:  # queues come from user labels: keep it bounded
+                self._merged = {}
             applicable = [p for p in self._policies.values() if p.scope.applies(namespace, queue)]
             merged = merge(applicable)
             self._merged[key] = merged

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
 from extender import quantity
+from extender.node_pools import NODE_POOLS_ANNOTATION, read
 
 JSON = Any
 
@@ -39,6 +40,12 @@ class Field:
     options: tuple[str, ...] = ()  # the only values the field ever takes, policy or not
     key: str = ""  # itemized: the attribute that names an instance
     attributes: Mapping[str, Field] = dataclasses.field(default_factory=dict)  # itemized, key included
+    check: Callable[[JSON], str] | None = None  # what else a value must be ("": fine), policy or not
+
+
+def _node_pools(value: JSON) -> str:
+    """A node-pool list the scheduler can read (extender/node_pools.py): its problem, or ""."""
+    return read(json.dumps(value)).error.removeprefix(NODE_POOLS_ANNOTATION + ": ")
 
 
 def _itemized(key: str, /, **attributes: Kind) -> Field:
@@ -58,7 +65,7 @@ FIELDS: Mapping[str, Field] = {
     "compute.cpuMemoryRequest": Field(Kind.QUANTITY),
     "compute.cpuMemoryLimit": Field(Kind.QUANTITY),
     "compute.extendedResources": _itemized("resource", resource=Kind.STRING, quantity=Kind.QUANTITY),
-    "nodePools": Field(Kind.ARRAY),
+    "nodePools": Field(Kind.ARRAY, check=_node_pools),
     "priorityClass": Field(Kind.STRING),
     "tolerations": _itemized(
         "key", key=Kind.STRING, operator=Kind.STRING, value=Kind.STRING, effect=Kind.STRING, seconds=Kind.INTEGER

@@ -23,6 +23,7 @@ import structlog
 
 from extender.policy import fields
 from extender.policy.evaluate import Effective, Evaluation, Violation, evaluate
+from extender.policy.priorities import Index
 from extender.policy.store import PolicyStore
 from extender.queues import QUEUE_LABELS
 from extender.ri.jqx import Doc
@@ -33,6 +34,16 @@ log = structlog.get_logger("phalanx.policy.webhook")
 
 JOB = GVK("batch", "v1", "Job")
 JSON = Any
+
+
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What admission found in one object: violations, the JSON patch of its defaults, and
+    warnings for the submitter (AdmissionResponse.warnings)."""
+
+    violations: list[Violation]
+    patch: list[dict[str, JSON]]
+    warnings: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +71,14 @@ class Admission:
         registry: Registry,
         *,
         queue_of: Callable[[str, Mapping[str, str]], str],
-        priority_of: Callable[[str], int | None] = lambda name: None,
+        priorities: Callable[[], Index] = Index,
+        ready: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
         self.registry = registry
         self.queue_of = queue_of  # (namespace, labels) -> queue
-        self.priority_of = priority_of
+        self.priorities = priorities  # the cluster's PriorityClasses (priorities.py)
+        self.ready = ready  # the WorkloadPolicies listed (or their API not served)
 
     # ------------------------------------------------------------------ HTTP
 
@@ -96,80 +109,98 @@ class Admission:
     # ------------------------------------------------------------------ review
 
     def review(self, request: Mapping[str, JSON], *, mutate: bool) -> dict[str, JSON]:
+        """One AdmissionReview's response. CREATE: defaults (mutate) and every rule (validate).
+        UPDATE: no defaults (a running workload's templates may be immutable) and only the pod
+        templates (and workload fields) the update changes are judged, so tightening a policy
+        never freezes the workloads that were admitted before."""
         obj = request.get("object")
-        if not self.store or not isinstance(obj, dict):
+        if not isinstance(obj, dict):
             return {"allowed": True}
+        if not self.ready():
+            return _refused(503, "ServiceUnavailable", "Phalanx has not loaded the WorkloadPolicies yet; retry")
+        if not self.store:
+            return {"allowed": True}
+        update = request.get("operation") == "UPDATE"
+        if update and mutate:
+            return {"allowed": True}
+        old = request.get("oldObject") if update else None
         kind = request.get("kind") or {}
         gvk = GVK(str(kind.get("group", "")), str(kind.get("version", "")), str(kind.get("kind", "")))
         namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
-        checked = self.check(gvk, obj, namespace, mutate=mutate)
+        checked = self.check(gvk, obj, namespace, mutate=mutate, old=old if isinstance(old, dict) else None)
         if checked is None:
             return {"allowed": True}
-        violations, patch = checked
-        if violations and not mutate:  # the validating webhook refuses (after every mutation)
-            messages = [v.message for v in violations]
-            return {
-                "allowed": False,
-                "status": {
-                    "code": 403,
-                    "reason": "Forbidden",
-                    "message": f"{gvk.kind} {namespace}/{_name(obj)} violates workload policy: " + "; ".join(messages),
-                },
-            }
-        if mutate and patch:
-            return {"allowed": True, "patchType": "JSONPatch", "patch": base64.b64encode(orjson.dumps(patch)).decode()}
-        return {"allowed": True}
+        if checked.violations and not mutate:  # the validating webhook refuses (after every mutation)
+            messages = "; ".join(v.message for v in checked.violations)
+            return _refused(
+                403, "Forbidden", f"{gvk.kind} {namespace}/{_name(obj)} violates workload policy: {messages}"
+            )
+        response: dict[str, JSON] = {"allowed": True}
+        if checked.patch:
+            response |= {"patchType": "JSONPatch", "patch": base64.b64encode(orjson.dumps(checked.patch)).decode()}
+        if checked.warnings:
+            response["warnings"] = checked.warnings
+        return response
 
     def check(
-        self, gvk: GVK, obj: dict[str, JSON], namespace: str, *, mutate: bool = True
-    ) -> tuple[list[Violation], list[dict[str, JSON]]] | None:
+        self, gvk: GVK, obj: dict[str, JSON], namespace: str, *, mutate: bool = True, old: dict[str, JSON] | None = None
+    ) -> Checked | None:
         """The violations of `obj` under the policies of its namespace and queue, and the JSON
-        patch that writes its defaults; None when no policy applies or the kind carries no pods."""
+        patch that writes its defaults; None when no policy applies or the kind carries no pods.
+        With `old` (an update), only what changed from it is judged. A template's queue is its
+        own label's, else the object's (its pods will carry the template's labels)."""
         templates = self.templates(gvk, obj)
         if templates is None:
             return None
         labels = (obj.get("metadata") or {}).get("labels") or {}
-        effective = self.store.effective(namespace, self.queue_of(namespace, labels))
-        if effective.empty:
-            return None
-        violations: list[Violation] = []
-        patch: list[dict[str, JSON]] = []
         pod = gvk.group == "" and gvk.kind == "Pod"
-        governed = _governed(effective)
+        out = Checked([], [], [])
         for template in templates:
-            submission, other = fields.read_pod(template.value)
-            result = evaluate(effective, submission, only=governed & fields.POD_LEVEL)
-            violations.extend(_at(result.violations, template, pod))
-            if mutate and result.defaulted:
-                priority = None
-                if pod and "priorityClass" in result.defaulted:
-                    name = str(result.values.get("priorityClass"))
-                    priority = self.priority_of(name)
-                    if priority is None:
-                        violations.append(
-                            Violation(
-                                "priorityClass",
-                                "default",
-                                f"priorityClass: the default {name!r} is not a PriorityClass of this cluster",
-                            )
-                        )
-                        continue
-                changed = fields.apply_pod_defaults(
-                    template.value,
-                    result.values,
-                    result.defaulted,
-                    gpu_in_other_spelling=other,
-                    priority=priority,
-                )
-                if changed is not None:
-                    patch += _replace(obj, template, changed)
+            if old is not None and _unchanged(old, template):
+                continue
+            own = (template.value.get("metadata") or {}).get("labels") or {}
+            merged = {**labels, **own} if isinstance(own, dict) and isinstance(labels, dict) else labels
+            effective = self.store.effective(namespace, self.queue_of(namespace, merged))
+            if not effective.empty:
+                self._template(obj, template, effective, pod, mutate, out)
         if not pod:
+            effective = self.store.effective(namespace, self.queue_of(namespace, labels))
             workload = fields.read_workload(obj, gvk.group, gvk.kind)
-            result = evaluate(effective, workload, only=governed & fields.WORKLOAD_LEVEL)
-            violations.extend(result.violations)
-            if mutate:
-                patch += fields.apply_workload_defaults(obj, gvk.group, gvk.kind, result.values, result.defaulted)
-        return violations, patch
+            if not effective.empty and (old is None or fields.read_workload(old, gvk.group, gvk.kind) != workload):
+                result = evaluate(effective, workload, only=_governed(effective) & fields.WORKLOAD_LEVEL)
+                out.violations.extend(result.violations)
+                if mutate:
+                    out.patch.extend(
+                        fields.apply_workload_defaults(obj, gvk.group, gvk.kind, result.values, result.defaulted)
+                    )
+        return out
+
+    def _template(
+        self, obj: dict[str, JSON], template: Template, effective: Effective, pod: bool, mutate: bool, out: Checked
+    ) -> None:
+        submission, other = fields.read_pod(template.value)
+        governed = _governed(effective) & fields.POD_LEVEL
+        index = self.priorities() if pod and "priorityClass" in governed else None
+        if index is not None and index.global_default and submission.get("priorityClass") == index.global_default:
+            del submission["priorityClass"]  # the API server's default, not the submitter's choice
+        result = evaluate(effective, submission, only=governed)
+        out.violations.extend(_at(result.violations, template, pod))
+        if not mutate or not result.defaulted:
+            return
+        defaulted, priority = set(result.defaulted), None
+        if index is not None and "priorityClass" in defaulted:
+            name = str(result.values.get("priorityClass"))
+            found = index.classes.get(name)
+            if found is None:  # the other defaults still apply; the submitter is told
+                defaulted.discard("priorityClass")
+                out.warnings.append(f"priorityClass default {name!r} is not a PriorityClass of this cluster: not set")
+            else:
+                priority = (found.value, found.preemption_policy)
+        changed = fields.apply_pod_defaults(
+            template.value, result.values, defaulted, gpu_in_other_spelling=other, priority=priority
+        )
+        if changed is not None:
+            out.patch.extend(_replace(obj, template, changed))
 
     def templates(self, gvk: GVK, obj: Mapping[str, JSON]) -> list[Template] | None:
         """The pod templates of `obj` (the pod itself for a Pod); None for a kind that has none.
@@ -261,13 +292,29 @@ def _replace(obj: Mapping[str, JSON], template: Template, changed: dict[str, JSO
     ops = []
     for section, pointer in (("metadata", template.meta_pointer), ("spec", template.spec_pointer)):
         if pointer and changed.get(section) != template.value.get(section):
-            present = _at_path(obj, [_unescape(p) for p in pointer.split("/")[1:]]) is not None
+            present = _at_path(obj, _path(pointer)) is not None
             ops.append({"op": "replace" if present else "add", "path": pointer, "value": changed[section]})
     return ops
 
 
 def _unescape(segment: str) -> str:
     return segment.replace("~1", "/").replace("~0", "~")
+
+
+def _path(pointer: str) -> list[JSON]:
+    return [_unescape(p) for p in pointer.split("/")[1:]] if pointer else []
+
+
+def _unchanged(old: Mapping[str, JSON], template: Template) -> bool:
+    """Whether the template reads the same in the object before the update."""
+    same_meta = not template.meta_pointer or _at_path(old, _path(template.meta_pointer)) == template.value.get(
+        "metadata"
+    )
+    return same_meta and bool(_at_path(old, _path(template.spec_pointer)) == template.value.get("spec"))
+
+
+def _refused(code: int, reason: str, message: str) -> dict[str, JSON]:
+    return {"allowed": False, "status": {"code": code, "reason": reason, "message": message}}
 
 
 def queue_lookup(

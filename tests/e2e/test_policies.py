@@ -98,6 +98,8 @@ def policed(cluster: LocalCluster, kube: RestKube, tmp_path_factory: pytest.Temp
         r = kube.request("POST", POLICIES, body=POLICY)
         assert r.status in (201, 409), r.body
         wait("policy loaded", lambda: "e2e-team" in ext.policies.names())
+        wait("the webhooks cover the policy's namespace", lambda: covers(kube, NS), deadline_s=60)
+        assert not covers(kube, "default")  # no policy there: never waits on Phalanx
         yield ext
     finally:
         # The webhooks fail closed: they must not outlive the extender that serves them.
@@ -109,6 +111,16 @@ def policed(cluster: LocalCluster, kube: RestKube, tmp_path_factory: pytest.Temp
             kube.request(
                 "DELETE", f"/api/v1/namespaces/{NS}/pods/{p['metadata']['name']}", query={"gracePeriodSeconds": "0"}
             )
+
+
+def covers(kube: RestKube, namespace: str) -> bool:
+    """Whether the registered validating webhook is called for `namespace` (its selector's
+    name expression; every test namespace lacks the phalanx.io/policies label)."""
+    r = kube.request("GET", f"{WEBHOOK_CONFIGS[1]}/{CONFIG_NAME}")
+    if r.status != 200:
+        return False
+    names = r.body["webhooks"][0]["namespaceSelector"]["matchExpressions"][0]
+    return names["operator"] == "In" and namespace in names["values"]
 
 
 def pod(name: str, *, cpu: str | None = "500m", gpus: int = 0) -> dict[str, Any]:

@@ -136,11 +136,12 @@ def test_pools_dominate_affinity_orders_within_a_pool_and_unpooled_nodes_score_l
     )
     assert dict(found.scores) == {"f0": 66, "f1": 98, "s0": 65, "u0": 32}  # u1 scores 0: absent, still allowed
     assert found.tiers == (
-        ScoreBand(98, 98),  # fast's best-affinity nodes
-        ScoreBand(66, 98),  # fast
-        ScoreBand(33, 65),  # slow (its one node: no affinity sub-tier)
-        ScoreBand(32, 32),  # unpooled, best affinity
-        ScoreBand(0, 32),  # unpooled
+        ScoreBand(98, 98, rank=0),  # fast's best-affinity nodes
+        ScoreBand(66, 98, rank=1),  # fast
+        ScoreBand(33, 65, rank=2),  # slow: its one node, no better sub-tier (planned once)
+        ScoreBand(33, 65, rank=3),  # slow
+        ScoreBand(32, 32, rank=4),  # unpooled, best affinity
+        ScoreBand(0, 32, rank=5),  # unpooled
     )
 
 
@@ -170,9 +171,12 @@ def workload(name: str, count: int) -> JSON:
     return {"metadata": {"name": name, "namespace": "default", "uid": f"wl-{name}"}, "spec": {"gangGroups": [gang]}}
 
 
-def gang_nodes(count: int, pools: Any, *, full: tuple[str, ...] = (), prefer: str = "") -> list[str]:
+def gang_nodes(
+    count: int, pools: Any, *, full: tuple[str, ...] = (), prefer: str = "", prefers: tuple[str, ...] = ()
+) -> list[str]:
     """Where the gang manager plans a `count`-member gang (8 GPUs each) stating `pools`, with
-    the nodes `full` taken by running pods."""
+    the nodes `full` taken by running pods; member i prefers `prefers[i]` if given, else
+    `prefer` (members that prefer differently are groups of their own)."""
     cache = Cache(LEVELS)
     cache.replace_nodes(nodes())
     for n in full:
@@ -180,7 +184,9 @@ def gang_nodes(count: int, pools: Any, *, full: tuple[str, ...] = (), prefer: st
     objects = GangObjects()
     objects.replace(WORKLOAD, [workload("job", count)])
     mgr = GangManager(cache, objects, SolverParams, lambda *a: None, lambda *a, **k: None, bind_wait_cap_s=5)
-    members = [pooled(f"p{i}", pools, gang="job", prefer=prefer) for i in range(count)]
+    members = [
+        pooled(f"p{i}", pools, gang="job", prefer=prefers[i] if i < len(prefers) else prefer) for i in range(count)
+    ]
     for p in members:
         cache.pod_event("ADDED", p)
     planned = []
@@ -218,6 +224,14 @@ def test_preferred_affinity_orders_nodes_within_a_pool_never_across_pools(prefer
     """Asked once for each node of the pool, so a plan that ignores affinity cannot pass."""
     assert gang_nodes(1, ["slow"], prefer=preferred) == [preferred]
     assert gang_nodes(1, ["fast", "slow"], prefer=preferred)[0] in FAST  # the pool order comes first
+
+
+def test_groups_that_prefer_differently_still_go_whole_to_one_pool() -> None:
+    """Two members prefer n4 (their best-affinity tier in the slow pool is n4 alone), the third
+    has no preference: the slow pool holds all three, so all three go there, never two in
+    the slow pool and one in the fast one because their groups' tiers differ in number."""
+    placed = gang_nodes(3, ["slow", "fast"], prefers=("n4", "n4", ""))
+    assert set(placed) <= set(SLOW) and "n4" in placed
 
 
 def test_a_malformed_annotation_leaves_a_gang_without_preference() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from extender.policy import fields
 
 
@@ -116,7 +118,7 @@ def test_defaults_are_written_where_the_table_says_and_nothing_else_changes() ->
         "tolerations[gpu]",
         "annotations[team]",
     }
-    out = fields.apply_pod_defaults(pod, values, defaulted, gpu_in_other_spelling=False, priority=1000)
+    out = fields.apply_pod_defaults(pod, values, defaulted, gpu_in_other_spelling=False, priority=(1000, "Never"))
     assert out is not None
     main = out["spec"]["containers"][0]["resources"]
     assert main["requests"] == {"cpu": "1", "memory": "2Gi", "example.com/nic": "2"}
@@ -125,6 +127,7 @@ def test_defaults_are_written_where_the_table_says_and_nothing_else_changes() ->
     assert annotations["phalanx.io/gpuDeviceRequest"] == "1" and annotations["team"] == "research"
     assert json.loads(annotations["phalanx.io/node-pools"]) == ["a100"]
     assert out["spec"]["priorityClassName"] == "train" and out["spec"]["priority"] == 1000
+    assert out["spec"]["preemptionPolicy"] == "Never"
     assert out["spec"]["tolerations"] == [
         {"key": "mine", "operator": "Exists"},
         {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},
@@ -149,3 +152,24 @@ def test_backoff_limit_lives_where_each_workload_kind_keeps_it() -> None:
         {"op": "add", "path": "/spec/runPolicy/backoffLimit", "value": 5},
     ]
     assert fields.pointer(["spec", "a/b", "c~d", 0]) == "/spec/a~1b/c~0d/0"
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        {},
+        {"metadata": 5, "spec": []},
+        {"metadata": {"annotations": ["a"], "labels": None}, "spec": {"containers": "x", "tolerations": 5}},
+        {"spec": {"containers": [5, {"resources": []}, {"resources": {"requests": "1"}}]}},
+        {"spec": {"containers": [{"resources": {"requests": {"cpu": "lots", "memory": None}}}]}},
+        {"metadata": {"annotations": {"phalanx.io/node-pools": 5, "gpu-fraction": "x"}}},
+    ],
+)
+def test_malformed_templates_read_and_take_defaults_without_raising(template: dict[str, Any]) -> None:
+    """Schemaless workload CRDs carry anything where a pod template should be."""
+    values, _ = fields.read_pod(template)
+    defaults = {"compute": {"cpuCoreRequest": 1, "extendedResources": [{"resource": "x/y", "quantity": "1"}]}}
+    defaulted = {"compute.cpuCoreRequest", "compute.extendedResources[x/y]", "tolerations[a]", "annotations[b]"}
+    defaults |= {"tolerations": [{"key": "a"}], "annotations": [{"name": "b", "value": "c"}]}
+    fields.apply_pod_defaults(template, defaults, defaulted, gpu_in_other_spelling=False)
+    assert isinstance(values, dict)

@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from extender.policy.registration import Endpoint, configurations
+from extender.policy.priorities import Index, PriorityClass
+from extender.policy.registration import Endpoint, configurations, namespace_selector
 from extender.policy.store import PolicyStore
 from extender.policy.webhook import Admission
 from extender.ri.model import GVK
@@ -42,14 +43,17 @@ def pod(*, cpu: str | None = "1", gpus: int = 0, namespace: str = "team-a") -> d
     return {"metadata": {"name": "p", "namespace": namespace}, "spec": {"containers": [container]}}
 
 
-def review(adm: Admission, obj: dict[str, Any], kind: tuple[str, str, str], *, mutate: bool) -> dict[str, Any]:
+def review(
+    adm: Admission, obj: dict[str, Any], kind: tuple[str, str, str], *, mutate: bool, old: dict[str, Any] | None = None
+) -> dict[str, Any]:
     group, version, name = kind
     request = {
         "uid": "u1",
         "kind": {"group": group, "version": version, "kind": name},
         "namespace": obj["metadata"].get("namespace"),
-        "operation": "CREATE",
+        "operation": "CREATE" if old is None else "UPDATE",
         "object": obj,
+        **({"oldObject": old} if old is not None else {}),
     }
     status, body = (adm.mutate if mutate else adm.validate)(orjson.dumps({"request": request}))
     assert status == 200 and body["response"]["uid"] == "u1"
@@ -58,13 +62,18 @@ def review(adm: Admission, obj: dict[str, Any], kind: tuple[str, str, str], *, m
 
 
 def patched(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
-    """The object after the response's JSON patch (replace/add of whole sections, as sent)."""
+    """The object after the response's JSON patch, applied as RFC 6902 says: `replace` needs the
+    member to exist, `add` its parent (the API server refuses the patch otherwise)."""
     out = json.loads(json.dumps(obj))
     for op in json.loads(base64.b64decode(response["patch"])):
-        parts = op["path"].strip("/").split("/")
+        assert op["op"] in ("add", "replace"), op
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].strip("/").split("/")]
         target = out
         for part in parts[:-1]:
-            target = target[int(part)] if isinstance(target, list) else target[part]
+            target = target[int(part)] if isinstance(target, list) else target[part]  # KeyError: no parent
+        assert isinstance(target, dict), op
+        if op["op"] == "replace":
+            assert parts[-1] in target, f"replace of a missing member: {op['path']}"
         target[parts[-1]] = op["value"]
     return out
 
@@ -189,3 +198,64 @@ def test_the_webhook_configurations_cover_pods_jobs_and_workload_kinds_and_fail_
     excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"]
     assert {"kube-system", "phalanx-system"} <= set(excluded)
     assert mutating["webhooks"][0]["clientConfig"]["service"]["path"] == "/mutate"
+
+
+def test_an_update_is_never_defaulted_and_only_what_it_changes_is_judged() -> None:
+    adm = admission({**POLICY, "defaults": {"nodePools": ["a100"]}})
+    admitted_before = pytorchjob(16)  # admitted before the policy existed
+    relabelled = json.loads(json.dumps(admitted_before))
+    relabelled["metadata"]["labels"] = {"team": "x"}
+    assert review(adm, relabelled, PYTORCHJOB, mutate=True, old=admitted_before) == {"allowed": True, "uid": "u1"}
+    assert review(adm, relabelled, PYTORCHJOB, mutate=False, old=admitted_before)["allowed"]
+    grown = json.loads(json.dumps(admitted_before))
+    grown["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {
+        "nvidia.com/gpu": "12"
+    }
+    refused = review(adm, grown, PYTORCHJOB, mutate=False, old=admitted_before)
+    assert not refused["allowed"] and "Master" in refused["status"]["message"]
+    assert "Worker" not in refused["status"]["message"]  # unchanged: not judged again
+
+
+def test_until_the_policies_are_listed_admission_refuses_rather_than_lets_through() -> None:
+    adm = admission(POLICY)
+    adm.ready = lambda: False
+    refused = review(adm, pod(), POD, mutate=True)
+    assert not refused["allowed"] and refused["status"]["code"] == 503
+
+
+def test_a_priority_class_default_comes_with_its_value_and_the_global_default_counts_as_none() -> None:
+    adm = admission({"scope": {"namespace": "team-a"}, "defaults": {"priorityClass": "train"}})
+    classes = {"train": PriorityClass(1000, "Never"), "normal": PriorityClass(0)}
+    adm.priorities = lambda: Index(classes, global_default="normal")
+    obj = pod()
+    obj["spec"] |= {"priorityClassName": "normal", "priority": 0}  # what the Priority admission wrote
+    after = patched(obj, review(adm, obj, POD, mutate=True))
+    assert after["spec"]["priorityClassName"] == "train" and after["spec"]["priority"] == 1000
+    assert after["spec"]["preemptionPolicy"] == "Never"
+    adm = admission({"scope": {"namespace": "team-a"}, "defaults": {"priorityClass": "gone", "nodePools": ["a"]}})
+    adm.priorities = lambda: Index(classes)
+    response = review(adm, pod(), POD, mutate=True)
+    assert response["allowed"] and "'gone' is not a PriorityClass" in response["warnings"][0]
+    after = patched(pod(), response)
+    assert "priorityClassName" not in after["spec"] and "phalanx.io/node-pools" in after["metadata"]["annotations"]
+
+
+def test_the_webhooks_cover_only_the_namespaces_policies_cover() -> None:
+    store = PolicyStore()
+    assert store.namespaces() == frozenset()
+    assert namespace_selector(store.namespaces(), "phalanx-system") == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "DoesNotExist"}]
+    }
+    store.replace(
+        [policy("a", {"scope": {"namespace": "team-a"}}), policy("b", {"scope": {"namespace": "kube-system"}})]
+    )
+    expressions = namespace_selector(store.namespaces(), "phalanx-system")["matchExpressions"]
+    assert expressions[0] == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+    store.event("ADDED", policy("c", {"scope": {"queue": "research"}}))
+    assert store.namespaces() is None  # a queue's workloads may be anywhere
+
+
+def test_a_policy_with_a_node_pool_list_the_scheduler_cannot_read_is_invalid() -> None:
+    reports: list[tuple[str, str]] = []
+    adm = admission({"defaults": {"nodePools": ["gpu in ("]}}, reports=reports)
+    assert adm.store.names() == [] and "spec.defaults.nodePools" in reports[0][1]
