@@ -73,6 +73,7 @@ from solver import SolverParams
 OLDER_VERSIONS = {"/apis/scheduling.k8s.io/v1beta1/podgroups": ("/apis/scheduling.k8s.io/v1alpha2/podgroups",)}
 
 log = structlog.get_logger("phalanx.app")
+CATCH_UP_GATHER_S = 0.005  # a burst of pod changes gathered before the memos catch up
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class Extender:
         self.gang_objects = GangObjects()
         self.notifier = notifier = Notifier(self.binder)
         self.cache.on_pod_change(self._report_pod)
+        self._pods_moved = threading.Event()  # wakes the memos' catch-up (extender/memo.py)
+        self.cache.on_pod_change(lambda old, new: self._pods_moved.set())
         self.cache.on_invalid_node(self._report_node)
         self.registry = Registry()
         # A trip fires on the thread that ran the jq (maybe a filter): report through the queue.
@@ -397,6 +400,20 @@ class Extender:
             except Exception:
                 log.exception("periodic sweep failed")
 
+    def _catch_up(self) -> None:
+        """Pods moved: check the nodes they moved on again for every pod shape, before the
+        next filter has to (a burst is gathered for a few milliseconds first)."""
+        while not self._stopping.is_set():
+            if not self._pods_moved.wait(1.0):
+                continue
+            self._pods_moved.clear()
+            self._stopping.wait(CATCH_UP_GATHER_S)
+            try:
+                if self.synced():
+                    self.verbs.catch_up()
+            except Exception:
+                log.exception("memo catch-up failed")
+
     def _report_config(self, reason: str, message: str) -> None:
         """A Warning Event on the Phalanx ConfigMap, queued (never an API call on this thread)."""
         meta = {"name": CONFIGMAP_NAME, "namespace": self.options.config_namespace}
@@ -428,6 +445,9 @@ class Extender:
         sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
         sweeper.start()
         self._threads.append(sweeper)
+        catcher = threading.Thread(target=self._catch_up, name="memo-catch-up", daemon=True)
+        catcher.start()
+        self._threads.append(catcher)
         status = threading.Thread(
             target=self.queue_status.run,
             args=(lambda: self.config.queues.status_seconds,),

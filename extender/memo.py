@@ -4,15 +4,26 @@ kube-scheduler sends a stream of pods, most of them alike, each with the same ca
 nodes. A `ShapeMemo` holds, for one pod shape, which nodes were checked, why the failing ones
 fail, their scores and fragmentation deltas. It is synced from the cache's change log
 (`Cache.changes_since`), so each call re-checks only the nodes touched since the last.
+
+`catch_up` does that re-checking off the verbs' path, when pods change (a background thread of
+the extender): after a burst of changes (a job's 2,000 pods deleted) the next filters would
+otherwise rebuild and measure hundreds of nodes each (10-25 ms, measured: the p99 of a steady
+stream that follows). It works in small batches, each under the memo's lock, so a verb waits
+for one batch at most, and a node touched again meanwhile is dropped by the next sync as usual.
 """
 
 from __future__ import annotations
 
+import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from extender.cache import Cache
-from solver import PodShape
+from extender.pools import NOT_IN_POOL, Pool
+from solver import PodShape, WorkloadClass, fits, placement_delta, unfit_reason
+
+BATCH = 16  # nodes re-checked per hold of a memo's lock
 
 
 @dataclass
@@ -28,9 +39,12 @@ class ShapeMemo:
     deltas: dict[str, float] = field(default_factory=dict)  # fragmentation growth per node
     workload_generation: int = -1  # the target workload `deltas` were measured against
     shape: PodShape | None = None  # the pod shape it is for (the sweep re-measures `deltas`)
+    pool: Pool | None = None  # the GPU pool its pods ask for, as last configured
+    ranked: bool = False  # ranked by fragmentation `deltas` (catch_up measures them again)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def sync(self, cache: Cache) -> None:
+    def sync(self, cache: Cache) -> list[str] | None:
+        """Forget what moved since the last sync; returns the nodes forgotten (None: all)."""
         changes = cache.changes_since(self.epoch, self.cursor)
         changed, self.epoch, self.cursor = changes.nodes, changes.epoch, changes.cursor
         if changed is None:
@@ -38,9 +52,47 @@ class ShapeMemo:
             self.failed.clear()
             self.scores.clear()
             self.deltas.clear()
-            return
+            return None
+        forgotten = [n for n in changed if n in self.checked]
         for name in changed:
             self.checked.discard(name)
             self.failed.pop(name, None)
             self.scores.pop(name, None)
             self.deltas.pop(name, None)
+        return forgotten
+
+    def check(self, cache: Cache, name: str) -> bool:
+        """Check one node in; False (nothing memoised) for a node the cache lacks."""
+        node = cache.node_model(name)
+        if node is None or self.shape is None:
+            return False
+        self.checked.add(name)
+        if self.pool is not None and not self.pool.contains(name, node.labels):
+            self.failed[name] = f"{NOT_IN_POOL} {self.pool.name}"
+        elif not fits(node, self.shape):
+            self.failed[name] = unfit_reason(node, self.shape)
+        return True
+
+
+def catch_up(memos: Sequence[ShapeMemo], cache: Cache, workload: tuple[WorkloadClass, ...], generation: int) -> int:
+    """Check again the nodes each memo forgot since its last sync (fit, and the fragmentation
+    delta of a ranked memo measured against `workload` of `generation`); the nodes re-checked."""
+    done = 0
+    for memo in memos:
+        if memo.shape is None:
+            continue
+        with memo.lock:
+            forgotten = memo.sync(cache)
+        for start in range(0, len(forgotten or ()), BATCH):
+            with memo.lock:
+                memo.sync(cache)  # touched again meanwhile: forgotten again, re-checked on a later round
+                for name in (forgotten or [])[start : start + BATCH]:
+                    if name in memo.checked or not memo.check(cache, name):
+                        continue
+                    done += 1
+                    if memo.ranked and workload and memo.workload_generation == generation:
+                        node = cache.node_model(name)
+                        if node is not None and name not in memo.failed:
+                            verdict = placement_delta(node, memo.shape, workload)
+                            memo.deltas[name] = verdict.delta if verdict.fits else math.inf
+    return done

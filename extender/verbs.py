@@ -33,7 +33,7 @@ from extender.errors import BadRequest, NotReady
 from extender.gangs.manager import GangManager
 from extender.gangs.requests import taints
 from extender.kube import ApiError
-from extender.memo import ShapeMemo
+from extender.memo import ShapeMemo, catch_up
 from extender.metrics import Metrics
 from extender.node_pools import TierMemo
 from extender.objects import PodInfo, pod_info
@@ -51,7 +51,6 @@ from solver import (
     fits,
     node_score,
     placement_delta,
-    unfit_reason,
 )
 
 log = structlog.get_logger("phalanx.verbs")
@@ -207,7 +206,7 @@ class Verbs:
             # Names the cache does not know are answered, never memoised: a client naming
             # 100,000 made-up nodes must not grow the memo.
             checked = memo.checked
-            unknown = {n: NOT_IN_CACHE for n in [n for n in names if n not in checked] if not self._check(memo, n, ask)}
+            unknown = {n: NOT_IN_CACHE for n in [n for n in names if n not in checked] if not memo.check(self.cache, n)}
             failing = memo.failed
             if unknown:
                 passed = [n for n in names if n not in failing and n not in unknown]
@@ -249,18 +248,6 @@ class Verbs:
         if pool is None:
             return _Ask(PodShape(pod.requests, pod.demand), None, mode, f"{UNKNOWN_POOL}: {pod.pool!r}")
         return _Ask(PodShape(pod.requests, pod.demand, gpu_models=self.cache.models_of(pod)), pool, pool.mode)
-
-    def _check(self, memo: ShapeMemo, name: str, ask: _Ask) -> bool:
-        """Check one node into the memo; False (nothing memoised) for a node the cache lacks."""
-        node = self.cache.node_model(name)
-        if node is None:
-            return False
-        memo.checked.add(name)
-        if ask.pool is not None and not ask.pool.contains(name, node.labels):
-            memo.failed[name] = f"{NOT_IN_POOL} {ask.pool.name}"
-        elif not fits(node, ask.shape):
-            memo.failed[name] = unfit_reason(node, ask.shape)
-        return True
 
     def _filter_reply(self, verdict: Verdict, names: list[str], pod: PodInfo) -> dict[str, Any]:
         """The verdict as kube-scheduler reads it: failing nodes under the field that says
@@ -362,6 +349,7 @@ class Verbs:
         node ranked first alone (what a cut to one node keeps), without scoring the rest."""
         with memo.lock:
             memo.sync(self.cache)
+            memo.ranked = True
             if memo.workload_generation != self.sharing.workload_generation and not self._warming:
                 memo.deltas.clear()
                 memo.workload_generation = self.sharing.workload_generation
@@ -398,7 +386,15 @@ class Verbs:
                 if len(self._memo) > 1024:
                     self._memo.clear()  # many distinct shapes: start over rather than grow
                 memo = self._memo[key] = ShapeMemo(shape=ask.shape)
+            memo.pool = ask.pool  # as configured now (a pool's definition may change)
             return memo
+
+    def catch_up(self) -> int:
+        """Re-check, off the verbs' path, the nodes pods moved on since each shape's last call
+        (extender/memo.py `catch_up`); the nodes re-checked."""
+        with self._memo_lock:
+            memos = list(self._memo.values())
+        return catch_up(memos, self.cache, self.sharing.workload(), self.sharing.workload_generation)
 
     def refresh_workload(self) -> None:
         """The sweep's refresh of the target workload (extender/sharing.py). When it moved far
