@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,7 @@ OLDER_VERSIONS = {"/apis/scheduling.k8s.io/v1beta1/podgroups": ("/apis/schedulin
 
 log = structlog.get_logger("phalanx.app")
 CATCH_UP_GATHER_S = 0.005  # a burst of pod changes gathered before the memos catch up
+CATCH_UP_QUIET_S = 0.02  # no verb call for this long: kube-scheduler is not streaming pods
 
 
 @dataclass(frozen=True)
@@ -402,12 +404,18 @@ class Extender:
 
     def _catch_up(self) -> None:
         """Pods moved: check the nodes they moved on again for every pod shape, before the
-        next filter has to (a burst is gathered for a few milliseconds first)."""
+        next filter has to (a burst is gathered for a few milliseconds first). Only between
+        calls: while kube-scheduler streams pods (a call in the last CATCH_UP_QUIET_S) each call
+        re-checks the few nodes that moved since the one before, and eager checking would do
+        work for nodes kube-scheduler's sample may never offer again."""
         while not self._stopping.is_set():
             if not self._pods_moved.wait(1.0):
                 continue
             self._pods_moved.clear()
             self._stopping.wait(CATCH_UP_GATHER_S)
+            if time.monotonic() - self.verbs.last_call < CATCH_UP_QUIET_S:
+                self._pods_moved.set()  # kube-scheduler is streaming pods: the calls keep up lazily
+                continue
             try:
                 if self.synced():
                     self.verbs.catch_up()

@@ -98,6 +98,7 @@ class Verbs:
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
         self._warming = False  # the sweep re-measures fragmentation deltas (`refresh_workload`)
+        self.last_call = 0.0  # monotonic time of the last filter or prioritize (app.py's catch-up)
         self._pool_tiers = TierMemo(cache.labels_of, lambda: self.cache.nodes_version)
 
     @property
@@ -154,6 +155,7 @@ class Verbs:
             raise NotReady("phalanx cache not synced yet (nodes and pods still listing)")
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        self.last_call = time.monotonic()
         pod, names = self._pod(args), self._node_names(args)
         verdict = self._unheld(pod, self._verdict(pod, names))
         if pod.node_pools:
@@ -281,6 +283,7 @@ class Verbs:
         for a missing host, and a shift common to all hosts keeps their order, so the reply
         stays small when most nodes look alike. Pods without GPUs get scores only from the
         fragmentation measure (`_cpu_only_scores`)."""
+        self.last_call = time.monotonic()
         pod, names = self._pod(args), self._node_names(args)
         scores = self._pool_scores(pod, names) if pod.node_pools else self._scores(pod, names)
         return [self._host_score(n, v) for n, v in scores.items()]
