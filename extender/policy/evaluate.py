@@ -62,6 +62,7 @@ __all__ = [  # parse_policy, Policy and PolicyError too: one import for the poli
     "effective_json",
     "evaluate",
     "merge",
+    "nest",
     "parse_policy",
 ]
 SUBMISSION = "submission"
@@ -283,7 +284,7 @@ class _Run:
             self.violate(alone, Rule.RELATION, f"is set without {missing}; the two go together (relation)")
 
     def result(self) -> Evaluation:
-        return Evaluation(_nest(self.values), self.sources, tuple(self.violations), frozenset(self.defaulted))
+        return Evaluation(nest(self.values), self.sources, tuple(self.violations), frozenset(self.defaulted))
 
 
 @dataclass(slots=True)
@@ -412,7 +413,8 @@ class _Items:
         return settled
 
 
-def _nest(flat: Mapping[str, JSON]) -> dict[str, JSON]:
+def nest(flat: Mapping[str, JSON]) -> dict[str, JSON]:
+    """Dotted paths to the nested tree policies and submissions are written in."""
     tree: dict[str, JSON] = {}
     for path, value in flat.items():
         *groups, name = path.split(".")
@@ -437,7 +439,7 @@ def effective_json(effective: Effective) -> dict[str, JSON]:
                 "attributes": {name: _sourced(value) for name, value in attributes.items()},
             }
     rules = {path: _rules_json(effective.rules[path]) for path in FIELDS if path in effective.rules}
-    return {"policies": list(effective.policies), "defaults": _nest(defaults), "rules": _nest(rules)}
+    return {"policies": list(effective.policies), "defaults": nest(defaults), "rules": nest(rules)}
 
 
 def _sourced(sourced: Sourced[Any], value: JSON = None) -> dict[str, JSON]:

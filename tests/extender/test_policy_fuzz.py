@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extender.policy.evaluate import SUBMISSION, effective_json, evaluate, merge
+from extender.policy.evaluate import SUBMISSION, effective_json, evaluate, merge, nest
 from extender.policy.spec import Policy, PolicyError, parse_policy
 from extender.policy.vocabulary import CHILDREN, FIELDS, RULES_OF, Field, Kind, Rule
 
@@ -91,17 +91,6 @@ def default_of(field: Field, dirty: bool) -> st.SearchStrategy[Any]:
     return st.fixed_dictionaries({}, optional=sections)
 
 
-def nested(flat: dict[str, Any]) -> dict[str, Any]:
-    tree: dict[str, Any] = {}
-    for path, value in flat.items():
-        *groups, name = path.split(".")
-        node = tree
-        for group in groups:
-            node = node.setdefault(group, {})
-        node[name] = value
-    return tree
-
-
 @st.composite
 def policy_spec(draw: st.DrawFn) -> Any:
     """Three in four clean (well-typed, known names), the rest dirty; one in ten pure garbage."""
@@ -111,7 +100,7 @@ def policy_spec(draw: st.DrawFn) -> Any:
     paths = draw(st.lists(st.sampled_from(list(FIELDS)), max_size=4, unique=True))
     defaults = {p: draw(default_of(FIELDS[p], dirty)) for p in paths if draw(st.booleans())}
     rules = {p: draw(rules_of(FIELDS[p], dirty)) for p in paths if draw(st.booleans())}
-    spec = {"defaults": nested(defaults), "rules": nested(rules)}
+    spec = {"defaults": nest(defaults), "rules": nest(rules)}
     scope = st.sampled_from([None, {}, {"namespace": "ns"}, {"queue": "q"}])
     spec["scope"] = draw(scope | JSONS if dirty else scope)
     return spec | draw(st.dictionaries(st.sampled_from(NAMES), JSONS, max_size=1)) if dirty else spec
@@ -121,7 +110,7 @@ def policy_spec(draw: st.DrawFn) -> Any:
 def submission(draw: st.DrawFn) -> dict[str, Any]:
     dirty = draw(st.booleans())
     paths = draw(st.lists(st.sampled_from(list(FIELDS)), max_size=6, unique=True))
-    tree = nested({p: draw(value_of(FIELDS[p], dirty)) for p in paths})
+    tree = nest({p: draw(value_of(FIELDS[p], dirty)) for p in paths})
     return tree | draw(st.dictionaries(st.sampled_from(NAMES), JSONS, max_size=1)) if dirty else tree
 
 
