@@ -53,7 +53,9 @@ class ShapeMemo:
             self.scores.clear()
             self.deltas.clear()
             return None
-        forgotten = [n for n in changed if n in self.checked]
+        # Checked by filter, or only measured by prioritize (a pod without GPUs passes filter
+        # untouched, and only its ranking uses the memo).
+        forgotten = [n for n in changed if n in self.checked or n in self.deltas]
         for name in changed:
             self.checked.discard(name)
             self.failed.pop(name, None)
@@ -88,7 +90,7 @@ def catch_up(memos: Sequence[ShapeMemo], cache: Cache, workload: tuple[WorkloadC
                 memo.sync(cache)  # touched again meanwhile: forgotten again, re-checked on a later round
                 for name in (forgotten or [])[start : start + BATCH]:
                     if name in memo.checked or not memo.check(cache, name):
-                        continue
+                        continue  # checked by a call meanwhile, or gone from the cache
                     done += 1
                     if memo.ranked and workload and memo.workload_generation == generation:
                         node = cache.node_model(name)

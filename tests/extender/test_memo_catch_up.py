@@ -88,3 +88,16 @@ def test_the_catch_up_answers_as_the_call_would(ext: Extender) -> None:
         [share(f"q{i}") for i in range(4)] + [pod(f"w{i}", gpus=1) for i in range(4)] + [*full, share("r", "n2")],
     ).verbs.filter({"Pod": pending, "NodeNames": NAMES})
     assert warm == cold and "n1" in warm["FailedNodes"]
+
+
+def test_a_shape_only_prioritize_measures_is_caught_up_too(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod without GPUs passes filter untouched; only prioritize ranks it (fragmentation
+    deltas), so its memo holds deltas and no checked nodes: those are caught up as well."""
+    cpu = pod("c", resources={"cpu": "4", "memory": "8Gi"})
+    ext.verbs.prioritize({"Pod": cpu, "NodeNames": NAMES})
+    for i, name in enumerate(NAMES[:3]):
+        ext.cache.pod_event("ADDED", share(f"r{i}", name))
+    assert ext.verbs.catch_up() == 3
+    counted = calls(ext, monkeypatch)
+    ext.verbs.prioritize({"Pod": cpu, "NodeNames": NAMES})
+    assert counted == {"models": 0, "deltas": 0}
