@@ -70,12 +70,9 @@ class PolicyService:
         self.server: Server | None = None
         self.started = threading.Event()
         self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
-        thread = threading.Thread(target=self._run, name="policy-webhook", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+        threading.Thread(target=self._run, name="policy-webhook", daemon=True).start()
 
     def stop(self) -> None:
         self._stopping.set()
@@ -83,13 +80,6 @@ class PolicyService:
             self.server.shutdown()
             self.server.server_close()
             self.server.close_connections()
-
-    @property
-    def url(self) -> str:
-        return self.server.url if self.server is not None else ""
-
-    def alive(self) -> bool:
-        return all(t.is_alive() for t in self._threads) or self._stopping.is_set()
 
     def _run(self) -> None:
         while not self._stopping.is_set():
