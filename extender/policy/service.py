@@ -70,12 +70,17 @@ class PolicyService:
         self.server: Server | None = None
         self.started = threading.Event()
         self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        threading.Thread(target=self._run, name="policy-webhook", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, name="policy-webhook", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
+        """Stop serving; returns once no upkeep round can write anything any more."""
         self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -102,7 +107,6 @@ class PolicyService:
             if time.monotonic() - last >= CHECK_S:
                 last = time.monotonic()
             self._stopping.wait(RETRY_S if not self.started.is_set() else 5.0)
-        serving.join(timeout=5)
 
     def upkeep(self, *, due: bool, now: dt.datetime | None = None) -> None:
         """One round: read the Secret (renewing the certificate when it is due, or taking another

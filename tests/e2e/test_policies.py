@@ -102,10 +102,11 @@ def policed(cluster: LocalCluster, kube: RestKube, tmp_path_factory: pytest.Temp
         assert not covers(kube, "default")  # no policy there: never waits on Phalanx
         yield ext
     finally:
-        # The webhooks fail closed: they must not outlive the extender that serves them.
+        # The webhooks fail closed: they must not outlive the extender that serves them (stopped
+        # first, so its upkeep cannot write them again after they are deleted).
+        ext.stop()
         for collection in WEBHOOK_CONFIGS:
             kube.request("DELETE", f"{collection}/{CONFIG_NAME}")
-        ext.stop()
         kube.request("DELETE", f"{POLICIES}/e2e-team")
         for p in kube.request("GET", f"/api/v1/namespaces/{NS}/pods").body.get("items", []):
             kube.request(

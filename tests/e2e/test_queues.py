@@ -309,6 +309,10 @@ def test_a_member_whose_gang_lacks_quorum_evicts_nothing(
         },
     }
     assert kube.request("POST", WORKLOADS, body=body).status == 201
+    # Read before the member exists: kube-scheduler may ask at once, and its next attempt after a
+    # failed preemption can be minutes away (the unschedulable queue's flush).
+    asked = extender.metrics.outcomes.labels("preempt", "gang-own")
+    asked_before = asked._value.get()
     make_pod(
         kube,
         "lonely-0",
@@ -318,8 +322,6 @@ def test_a_member_whose_gang_lacks_quorum_evicts_nothing(
         priorityClassName="e2e-high",
         **where,
     )
-    asked = extender.metrics.outcomes.labels("preempt", "gang-own")
-    asked_before = asked._value.get()
     # The rack is full: kube-scheduler's own filters reject every node, its preemption asks the
     # extender (which refuses per-pod victims for gang members and plans the gang: no quorum).
     wait("kube-scheduler's preemption asked for the member", lambda: asked._value.get() > asked_before, deadline_s=90)
