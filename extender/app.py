@@ -54,7 +54,7 @@ from extender.policy.api import PolicyApi
 from extender.policy.priorities import PriorityClasses
 from extender.policy.service import PolicyService, WebhookOptions, plural_kinds
 from extender.policy.store import POLICIES_PATH, PolicyStore
-from extender.policy.webhook import Admission, queue_lookup
+from extender.policy.webhook import Admission
 from extender.pools import Hardware
 from extender.preemption import Preemptor
 from extender.queue_status import QUEUES_PATH, QueueStatusWriter
@@ -165,7 +165,7 @@ class Extender:
         self.admission = Admission(
             self.policies,
             self.registry,
-            queue_of=queue_lookup(self.queues.namespace_queue, lambda: self.config.queues.default_queue),
+            queue_of=self.queues.queue_for,
             priorities=PriorityClasses(kube),
             ready=lambda: self.policy_reflector.listed.is_set() or self.policy_reflector.absent,
         )

@@ -322,16 +322,17 @@ class QueueBook:
         """Whether a scheduler that calls this extender schedules the pod (names seen)."""
         return pod.scheduler in self._schedulers
 
-    def namespace_queue(self, namespace: str) -> str:
-        """The queue a namespace's `phalanx.io/queue` label names ("" for none)."""
-        return self._namespaces.get(namespace, "")
-
     def queue_of(self, pod: PodInfo) -> str:
+        return self.queue_for(pod.namespace, pod.labels)
+
+    def queue_for(self, namespace: str, labels: Mapping[str, str]) -> str:
+        """The queue of an object with these labels in this namespace (a pod, or a workload
+        object at admission, whose pods will carry its labels)."""
         for label in QUEUE_LABELS:
-            value = pod.labels.get(label)
+            value = labels.get(label)
             if value:
-                return value
-        return self._namespaces.get(pod.namespace) or self.config.default_queue
+                return str(value)
+        return self._namespaces.get(namespace) or self.config.default_queue
 
     # ------------------------------------------------------------------ accounting
 

@@ -25,7 +25,6 @@ from extender.policy import fields
 from extender.policy.evaluate import Effective, Evaluation, Violation, evaluate
 from extender.policy.priorities import Index
 from extender.policy.store import PolicyStore
-from extender.queues import QUEUE_LABELS
 from extender.ri.jqx import Doc
 from extender.ri.model import GVK
 from extender.ri.registry import Registry
@@ -315,18 +314,3 @@ def _unchanged(old: Mapping[str, JSON], template: Template) -> bool:
 
 def _refused(code: int, reason: str, message: str) -> dict[str, JSON]:
     return {"allowed": False, "status": {"code": code, "reason": reason, "message": message}}
-
-
-def queue_lookup(
-    namespaces: Callable[[str], str], default: Callable[[], str]
-) -> Callable[[str, Mapping[str, str]], str]:
-    """(namespace, labels) -> queue, as `QueueBook.queue_of` reads a pod's."""
-
-    def queue_of(namespace: str, labels: Mapping[str, str]) -> str:
-        for label in QUEUE_LABELS:
-            value = labels.get(label)
-            if value:
-                return str(value)
-        return namespaces(namespace) or default()
-
-    return queue_of
