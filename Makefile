@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 deps: $(STAMP)
+	@$(PY) -m rpc.build
 
 ## run: the main job on the local embedded cluster
 run: deps
@@ -32,7 +33,7 @@ run: deps
 test: deps lint unit e2e
 
 lint: deps
-	@$(VENV)/bin/ruff check solver extender deploy benchmarks tests
+	@$(VENV)/bin/ruff check solver extender deploy benchmarks tests agent rpc
 	@$(VENV)/bin/mypy
 	@$(VENV)/bin/lint-imports
 

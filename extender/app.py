@@ -20,6 +20,7 @@ import structlog
 from prometheus_client import start_http_server
 
 from extender import logs
+from extender.agents import ENDPOINT_ANNOTATION, Agents
 from extender.auth import KubeAuthorizer
 from extender.binder import Binder
 from extender.cache import Cache
@@ -98,7 +99,11 @@ class Extender:
         self.metrics = Metrics()
         self.cache = Cache(self.config.topology.levels, Hardware(self.config.gpu))
         self.leadership: Leadership | None = None
-        self.binder = Binder(kube, fence=self._fence if options.leader else None)
+        agents = Agents(
+            lambda node: self.cache.node_annotation(node, ENDPOINT_ANNOTATION),
+            lambda: getattr(kube, "headers", {}).get("Authorization"),
+        )
+        self.binder = Binder(kube, fence=self._fence if options.leader else None, agents=agents)
         self.gang_objects = GangObjects()
         self.notifier = notifier = Notifier(self.binder)
         self.cache.on_pod_change(self._report_pod)

@@ -17,6 +17,7 @@ from typing import Any
 
 import structlog
 
+from extender.agents import Agents
 from extender.kube import ApiError, Kube, Response, check
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver import DeviceAssignment
@@ -30,8 +31,10 @@ class Fenced(Exception):
 
 
 class Binder:
-    def __init__(self, kube: Kube, fence: Callable[[], str] | None = None) -> None:
+    def __init__(self, kube: Kube, fence: Callable[[], str] | None = None, agents: Agents | None = None) -> None:
         self.kube = kube
+        # The node agents (extender/agents.py): each admits a GPU pod's devices before its Binding.
+        self.agents = agents
         # "" when this process may bind now, else why not (HA: only the confirmed leader).
         self.fence = fence
 
@@ -45,7 +48,10 @@ class Binder:
         pod_path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid}
         if devices:
-            meta["annotations"] = {DEVICES_ANNOTATION: encode_devices(devices)}
+            record = encode_devices(devices)
+            meta["annotations"] = {DEVICES_ANNOTATION: record}
+            if self.agents is not None:  # raises AgentRefused: nothing was bound
+                self.agents.bind(namespace=namespace, name=name, uid=uid, node=node, record=record)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -393,6 +393,12 @@ class Cache:
         with self._lock:
             return list(self._nodes.values())
 
+    def node_annotation(self, name: str, key: str) -> str:
+        """One annotation of a Node as last seen ("" when absent or the node is unknown)."""
+        raw = self._raw_nodes.get(name)
+        annotations = ((raw or {}).get("metadata") or {}).get("annotations") or {}
+        return str(annotations.get(key, ""))
+
     def pod(self, uid: str) -> PodInfo | None:
         return self._pods.get(uid)
 

@@ -10,6 +10,11 @@ Device assignment contract (what a node agent reads): the pod annotation
   memory-slice position (NVIDIA placement start) before the pod starts.
 It is written by the Binding itself (one API call with the node) and is the record the cache
 rebuilds device usage from after a restart.
+
+Where a node agent runs (agent/), the Node carries `phalanx.io/gpu-inventory`: the GPUs the
+agent read from NVML (index, UUID, model, memory, MIG slices, health). It replaces the guess
+from labels: an unhealthy GPU is left out (nothing new is placed on it), a static MIG GPU's
+slices are the ones that exist, and model and memory are the device's own.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from solver import FULL_SHARE, DeviceAssignment, GpuDemand, GpuDevice, GpuKind, 
 
 DEVICES_ANNOTATION = "phalanx.io/gpu-devices"
 MIG_LAYOUT_ANNOTATION = "phalanx.io/mig-layout"
+INVENTORY_ANNOTATION = "phalanx.io/gpu-inventory"
+MAX_INVENTORY = 64 * 1024  # bytes: 16 GPUs with 7 slices each is ~6 KiB
 PRODUCT_LABEL = "nvidia.com/gpu.product"
 MEMORY_LABEL = "nvidia.com/gpu.memory"
 TERMINAL = ("Succeeded", "Failed")
@@ -137,6 +144,9 @@ def devices_of(
     """Whole GPUs take indices 0..n-1; MIG GPUs follow, from `phalanx.io/mig-layout` when the
     node has it, else one device per advertised profile holding all its slices. Whole GPUs carry
     their TFLOPs rating (times the node's pool oversubscription)."""
+    inventory = _inventory(annotations.get(INVENTORY_ANNOTATION))
+    if inventory is not None:
+        return _from_inventory(inventory, labels, hardware, name)
     model = labels.get(PRODUCT_LABEL, "unknown")
     try:
         memory = int(labels.get(MEMORY_LABEL, hardware.default_memory_mib))
@@ -157,6 +167,71 @@ def devices_of(
         for offset, (profile, n) in enumerate(sorted(mig.items())):
             if n > 0:
                 out.append(GpuDevice(whole + offset, model, memory, 0, 0, (MigSlice(profile, n),)))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reported:
+    """One GPU of an agent's inventory."""
+
+    index: int
+    model: str
+    memory_mib: int
+    healthy: bool
+    slices: tuple[str, ...]  # MIG profiles of its slices; () when not in MIG mode
+    mig: bool
+
+
+def _inventory(text: str | None) -> list[_Reported] | None:
+    """The agent's inventory; None when absent or unreadable (the labels are used then)."""
+    if not text or len(text) > MAX_INVENTORY:
+        return None
+    try:
+        gpus = json.loads(text)["gpus"]
+        out = []
+        for g in gpus:
+            index, memory = g["index"], g["memoryMiB"]
+            if not isinstance(index, int) or not 0 <= index < MAX_INDEX or not isinstance(memory, int) or memory <= 0:
+                return None
+            slices = tuple(str(s["profile"]) for s in g.get("slices") or ())
+            out.append(
+                _Reported(
+                    index,
+                    str(g.get("model") or "unknown"),
+                    memory,
+                    g.get("healthy") is not False,
+                    slices,
+                    bool(g.get("mig")),
+                )
+            )
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return out if len({g.index for g in out}) == len(out) else None
+
+
+def _from_inventory(
+    inventory: list[_Reported], labels: dict[str, str], hardware: Hardware, name: str
+) -> tuple[GpuDevice, ...]:
+    """The healthy GPUs an agent reported. On a dynamic-MIG node every GPU is partitionable
+    and its slices are the pods' (the cache counts them from their records); elsewhere a GPU in
+    MIG mode offers the slices that exist."""
+    out = []
+    for g in sorted(inventory, key=lambda g: g.index):
+        if not g.healthy:
+            continue
+        partition = hardware.partition(g.model, labels)
+        if g.mig and partition is None:
+            counts: dict[str, int] = {}
+            for profile in g.slices:
+                counts[profile] = counts.get(profile, 0) + 1
+            out.append(
+                GpuDevice(
+                    g.index, g.model, g.memory_mib, 0, 0, tuple(MigSlice(p, n) for p, n in sorted(counts.items()))
+                )
+            )
+            continue
+        tflops = hardware.tflops(g.model, hardware.pool_of(name, labels))
+        out.append(GpuDevice(g.index, g.model, g.memory_mib, tflops=tflops, partition=partition))
     return tuple(out)
 
 

@@ -25,6 +25,7 @@ import orjson
 import structlog
 
 from extender import wire
+from extender.agents import AgentRefused
 from extender.binder import Binder, Fenced
 from extender.cache import Cache
 from extender.config import PhalanxConfig
@@ -508,7 +509,7 @@ class Verbs:
     def _after_failed_bind(self, pod: PodInfo, node: str, error: Exception) -> str:
         """Whether a bind that raised is NOT_BOUND (the API server refused it), BOUND (it was
         committed and only the answer was lost) or UNKNOWN (the server cannot tell us now)."""
-        if isinstance(error, Fenced) or (
+        if isinstance(error, Fenced | AgentRefused) or (
             isinstance(error, ApiError) and 400 <= error.status < 500 and error.status != 429
         ):
             return NOT_BOUND
