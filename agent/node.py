@@ -165,7 +165,7 @@ class NodeLoop:
             return
         with self._lock:
             self._pods[key] = pod
-            self._pending.pop(key, None)
+            was_pending = self._pending.pop(key, None) is not None
         meta = pod.get("metadata") or {}
         text = (meta.get("annotations") or {}).get(DEVICES_ANNOTATION)
         try:
@@ -177,7 +177,10 @@ class NodeLoop:
             return
         held = self.ledger.get(key)
         if held is not None and held.grants != grants:
-            self.ledger.release(key)  # a pending BindAllocation the Binding did not confirm
+            if not was_pending:  # the record of a pod the node serves was edited: keep serving the first
+                self._refuse(pod, f"pod {key}: {DEVICES_ANNOTATION} changed after the pod was bound", "Conflict")
+                return
+            self.ledger.release(key)  # a BindAllocation whose Binding then carried other devices
         try:
             self.ledger.bind(key, str(meta.get("uid", "")), grants)
             self._refused.pop(key, None)
