@@ -18,6 +18,7 @@ from agent.auth import Reviewer
 from agent.inventory import Backend, BackendError
 from agent.kube import Kube
 from agent.ledger import Ledger
+from agent.mps import MpsControl
 from agent.node import NodeLoop
 from agent.service import NodeAgentService
 from rpc import nodeagent_pb2_grpc as pb_grpc
@@ -66,6 +67,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="evict the pods holding a GPU that turns unhealthy",
     )
     ap.add_argument(
+        "--mps",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run the MPS control daemon share containers need (auto: with the NVML backend)",
+    )
+    ap.add_argument("--mps-control", default="nvidia-cuda-mps-control", help="the MPS control binary")
+    ap.add_argument(
         "--dynamic-mig-label",
         default="phalanx.io/mig-mode=dynamic",
         help="node label key=value of dynamic-MIG nodes (the extender's dynamicMigLabel)",
@@ -99,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     backend, follow = backend_for(args, kube)
     ledger = Ledger(backend)
     port = args.listen.rsplit(":", 1)[1]
-    endpoint = args.advertise or (f"{os.environ['POD_IP']}:{port}" if os.environ.get("POD_IP") else "")
+    pod_ip = os.environ.get("POD_IP", "")
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip  # an IPv6 address is bracketed in host:port
+    endpoint = args.advertise or (f"{host}:{port}" if pod_ip else "")
     plugins = None
     loop = NodeLoop(
         kube,
@@ -110,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         pending_grace_s=args.pending_grace,
         evict_unhealthy=args.evict_unhealthy,
         follow_node=follow,
+        mps=MpsControl(binary=args.mps_control)
+        if args.mps == "on" or (args.mps == "auto" and follow is None)
+        else None,
     )
     if args.device_plugins:
         from agent.deviceplugin import DevicePlugins
@@ -142,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if plugins is not None:
         plugins.stop()
     server.stop(grace=5).wait()
+    if loop.mps is not None:
+        loop.mps.stop()
     backend.close()
     return 0
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from agent.contract import FULL_SHARE, Grant
 from agent.inventory import Backend, BackendError, Gpu, Inventory, MigInstance
+from agent.mps import MPS_PIPE_DIRECTORY, MPS_SHM_DIRECTORY
 
 # failure reasons (BindResponse.failure_reason); stable wording, tests assert on them
 UNKNOWN_DEVICE = "UnknownDevice"
@@ -34,8 +35,6 @@ OVERSUBSCRIBED = "Oversubscribed"
 INVALID_RECORD = "InvalidRecord"
 MIG_FAILED = "MigFailed"
 CONFLICT = "Conflict"
-
-MPS_PIPE_DIRECTORY = "/run/phalanx/mps"  # host and container path of the MPS control pipes
 
 
 class BindRefused(Exception):
@@ -81,6 +80,7 @@ class ContainerEdits:
 
     env: dict[str, str]
     mounts: tuple[Mount, ...] = ()
+    mps: bool = False  # the limits are MPS client settings: the daemon must run
 
 
 @dataclass
@@ -187,7 +187,8 @@ class Ledger:
             env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, milli // 10))
             env["CUDA_DEVICE_SM_LIMIT"] = str(max(1, milli // 10))
         env["CUDA_MPS_PIPE_DIRECTORY"] = MPS_PIPE_DIRECTORY
-        return ContainerEdits(env, (Mount(MPS_PIPE_DIRECTORY, MPS_PIPE_DIRECTORY),))
+        mounts = (Mount(MPS_PIPE_DIRECTORY, MPS_PIPE_DIRECTORY), Mount(MPS_SHM_DIRECTORY, "/dev/shm"))
+        return ContainerEdits(env, mounts, mps=True)
 
     # -- internals (lock held) ------------------------------------------------------------------
 

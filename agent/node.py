@@ -30,6 +30,7 @@ from agent.contract import DEVICES_ANNOTATION, ENDPOINT_ANNOTATION, INVENTORY_AN
 from agent.inventory import Inventory
 from agent.kube import ApiError, Kube
 from agent.ledger import BindRefused, ContainerEdits, Ledger
+from agent.mps import MpsControl, MpsError
 
 log = structlog.get_logger("phalanx.agent")
 
@@ -56,6 +57,7 @@ class NodeLoop:
         evict_unhealthy: bool = True,
         on_inventory: Callable[[Inventory], None] | None = None,
         follow_node: Callable[[JSON], None] | None = None,
+        mps: MpsControl | None = None,
     ) -> None:
         self.kube = kube
         self.node = node
@@ -66,6 +68,7 @@ class NodeLoop:
         self.evict_unhealthy = evict_unhealthy
         self.on_inventory = on_inventory
         self.follow_node = follow_node  # the fake backend follows the Node object
+        self.mps = mps  # the MPS control daemon share containers need (None: not managed here)
         self._lock = threading.Lock()
         self._pods: dict[str, JSON] = {}  # key -> pod on this node, as last seen
         self._pending: dict[str, float] = {}  # key -> when BindAllocation admitted it
@@ -118,7 +121,13 @@ class NodeLoop:
         if alloc is None:
             why = self._refused.get(key) or f"pod {key} has no {DEVICES_ANNOTATION} record"
             raise PodUnknown(why)
-        return self.ledger.edits(alloc)
+        edits = self.ledger.edits(alloc)
+        if edits.mps and self.mps is not None:
+            try:
+                self.mps.ensure()
+            except MpsError as e:  # its limits would not hold: the container must not start
+                raise PodUnknown(f"pod {key} shares a GPU, but {e}") from None
+        return edits
 
     # -- pods -------------------------------------------------------------------------------------
 

@@ -58,4 +58,5 @@ def build(*, force: bool = False) -> bool:
 
 if __name__ == "__main__":
     ran = build(force="--force" in sys.argv)
-    print("rpc: generated Python code for", ", ".join(p.name for p in protos()) if ran else "rpc: up to date")
+    names = ", ".join(p.name for p in protos())
+    print(f"rpc: generated the Python code of {names}" if ran else "rpc: generated code up to date")

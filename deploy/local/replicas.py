@@ -35,6 +35,7 @@ PATHS = {
     ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "/apis/rbac.authorization.k8s.io/v1/clusterroles",

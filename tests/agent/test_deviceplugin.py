@@ -45,7 +45,8 @@ from agent.deviceplugin import (
     socket_name,
 )
 from agent.inventory import Gpu, Inventory, MigInstance
-from agent.ledger import MPS_PIPE_DIRECTORY, ContainerEdits, Ledger
+from agent.ledger import ContainerEdits, Ledger
+from agent.mps import MPS_PIPE_DIRECTORY, MPS_SHM_DIRECTORY
 from rpc import deviceplugin_pb2 as dp
 from tests.kubelet import Kubelet, pod_resources
 
@@ -392,7 +393,10 @@ def test_prestart_gives_two_shares_of_one_gpu_their_own_limits(node: Node) -> No
     assert (a["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], b["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == ("60", "30")
     assert (a["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], b["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"]) == ("0=40000M", "0=20000M")
     mounts = node.spec(SHARE_RESOURCE, ["share-slot-0"])["devices"][0]["containerEdits"]["mounts"]
-    assert mounts == [{"hostPath": MPS_PIPE_DIRECTORY, "containerPath": MPS_PIPE_DIRECTORY, "options": ["rw", "bind"]}]
+    assert mounts == [
+        {"hostPath": MPS_PIPE_DIRECTORY, "containerPath": MPS_PIPE_DIRECTORY, "options": ["rw", "bind"]},
+        {"hostPath": MPS_SHM_DIRECTORY, "containerPath": "/dev/shm", "options": ["rw", "bind"]},
+    ]
 
 
 def test_prestart_names_the_pod_through_any_of_its_containers(node: Node) -> None:

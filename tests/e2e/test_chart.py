@@ -33,6 +33,8 @@ CONFIG_CRDS = ROOT / "config" / "crds"
 NAMESPACE = "phalanx-system"
 HA_NAMESPACE = "phalanx-ha"  # ci/ha-values.yaml is rendered into another namespace
 HA_LEASE = "phalanx-ha"
+AGENT_MANIFEST = MANIFESTS / "node-agent/node-agent.yaml"
+AGENT = ("--set", "nodeAgent.enabled=true")  # the node agent's DaemonSet, off by default
 
 Doc = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -43,6 +45,7 @@ COLLECTIONS = {
     ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
     ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
     ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
+    ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
     ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
     ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
     (RBAC, "ClusterRole"): f"/apis/{RBAC}/clusterroles",
@@ -92,10 +95,20 @@ def one(docs: list[Doc], kind: str, name: str) -> Doc:
 
 
 def manifests() -> list[Doc]:
+    """deploy/kubernetes: the top-level files, and the node agent's (opt-in, in its own folder)."""
     docs: list[Doc] = []
-    for path in sorted(MANIFESTS.glob("*.yaml")):
+    for path in [*sorted(MANIFESTS.glob("*.yaml")), AGENT_MANIFEST]:
         docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
     return docs
+
+
+def agent_docs() -> list[Doc]:
+    """The node agent's objects of deploy/kubernetes (node-agent/node-agent.yaml)."""
+    return [d for d in yaml.safe_load_all(AGENT_MANIFEST.read_text()) if d]
+
+
+def is_agents(doc: Doc) -> bool:
+    return any(d["kind"] == doc["kind"] and d["metadata"]["name"] == doc["metadata"]["name"] for d in agent_docs())
 
 
 def pod_spec(docs: list[Doc]) -> Doc:
@@ -121,7 +134,7 @@ def rules(docs: list[Doc], kind: str, name: str) -> list[Doc]:
 
 
 def test_helm_lint_passes_strict_with_the_defaults_and_the_ha_values(helm: Helm) -> None:
-    for extra in ((), ("--values", str(HA_VALUES))):
+    for extra in ((), ("--values", str(HA_VALUES)), AGENT, ("--values", str(HA_VALUES), *AGENT)):
         out = helm("lint", "--strict", str(CHART), *extra)
         assert "1 chart(s) linted, 0 chart(s) failed" in out, out
         assert "[WARNING]" not in out and "[ERROR]" not in out, out
@@ -136,7 +149,14 @@ def test_the_chart_crds_are_the_config_crds() -> None:
 
 
 def test_values_the_schema_does_not_allow_are_refused(helm: Helm) -> None:
-    for bad in ("replica=2", "podAntiAffinity=sometimes", "extender.port=10259", "image.digest=latest"):
+    bad_values: tuple[str, ...] = (
+        "replica=2",
+        "podAntiAffinity=sometimes",
+        "extender.port=10259",
+        "image.digest=latest",
+    )
+    bad_values += ("nodeAgent.enabled=yes", "nodeAgent.gpuSlots=0", "nodeAgent.port=0", "nodeAgent.image.digest=v1")
+    for bad in bad_values:
         result = helm.run("template", "phalanx", str(CHART), "--set", bad)
         assert result.returncode != 0, f"--set {bad} was accepted"
         assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
@@ -175,6 +195,11 @@ def test_the_defaults_render_two_replicas_as_a_second_scheduler_hardened(helm: H
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
     assert ("PodDisruptionBudget", "phalanx-scheduler") in kinds  # two replicas: a budget
     assert not any(d["kind"] in ("Namespace", "CustomResourceDefinition") for d in docs)  # --namespace, crds/
+    # The node agent replaces NVIDIA's device plugin where it runs: off unless asked for.
+    assert not [d for d in docs if d["kind"] == "DaemonSet" or is_agents(d)]
+    assert {"apiGroups": ["phalanx.io"], "resources": ["nodeagents"], "verbs": ["create", "delete", "get"]} in rules(
+        docs, "ClusterRole", "phalanx-extender"
+    )  # the agents' SubjectAccessReviews of the extender's calls: granted whether agents run or not
     for doc in docs:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding") and doc["metadata"]["name"] != (
             "phalanx-scheduler-extension-apiserver-authentication-reader"
@@ -303,11 +328,126 @@ def test_extra_watched_kinds_are_read_only(helm: Helm) -> None:
     assert len(extended) == len(default) + 1
 
 
+def agent_container(docs: list[Doc]) -> Doc:
+    containers: list[Doc] = one(docs, "DaemonSet", "phalanx-node-agent")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def test_the_node_agent_renders_a_privileged_daemonset_its_flags_what_the_agent_parses(
+    helm: Helm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agent.__main__ import parse
+    from agent.mps import MPS_PIPE_DIRECTORY, MPS_SHM_DIRECTORY
+
+    monkeypatch.setenv("NODE_NAME", "gpu-1")  # what the fieldRef gives the pod
+    monkeypatch.delenv("POD_IP", raising=False)
+    docs = render(helm, *AGENT)
+    daemonset = one(docs, "DaemonSet", "phalanx-node-agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert daemonset["spec"]["selector"] == {"matchLabels": {"app": "phalanx-node-agent"}}
+    assert spec["serviceAccountName"] == "phalanx-node-agent"
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert "runtimeClassName" not in spec and "hostNetwork" not in spec
+    container = agent_container(docs)
+    assert container["image"] == "phalanx-extender:latest"  # the extender's image
+    assert container["securityContext"]["privileged"] is True
+    assert container["securityContext"]["runAsUser"] == 0
+    assert container["command"][:3] == ["python", "-m", "agent"]
+    args = parse(container["command"][3:])
+    assert (args.node, args.backend, args.listen) == ("gpu-1", "auto", "0.0.0.0:9444")
+    assert (args.gpu_slots, args.evict_unhealthy, args.device_plugins) == (1, True, True)
+    assert args.dynamic_mig_label == "phalanx.io/mig-mode=dynamic"
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env == {
+        "NODE_NAME": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        "POD_IP": {"fieldRef": {"fieldPath": "status.podIP"}},
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    }
+    assert container["ports"] == [{"name": "grpc", "containerPort": 9444, "protocol": "TCP"}]
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "grpc"}
+    # Every host path the flags name is mounted at the same path, from the host.
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    assert mounts.pop("/dev/shm")["path"] == MPS_SHM_DIRECTORY  # the MPS daemon's shared memory
+    assert all(path == host["path"] for path, host in mounts.items())
+    needed = (args.plugin_dir.rstrip("/"), str(Path(args.pod_resources_socket).parent), args.cdi_dir)
+    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY}
+    assert mounts[args.cdi_dir]["type"] == mounts[MPS_PIPE_DIRECTORY]["type"] == "DirectoryOrCreate"
+
+    assert rules(docs, "ClusterRole", "phalanx-node-agent") == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    agent = [{"kind": "ServiceAccount", "name": "phalanx-node-agent", "namespace": NAMESPACE}]
+    for binding, role in (
+        ("phalanx-node-agent", "phalanx-node-agent"),
+        ("phalanx-node-agent-auth-delegator", "system:auth-delegator"),
+    ):
+        doc = one(docs, "ClusterRoleBinding", binding)
+        assert (doc["roleRef"]["name"], doc["subjects"]) == (role, agent)
+
+    policy = one(docs, "NetworkPolicy", "phalanx-node-agent")["spec"]
+    assert policy == {
+        "podSelector": {"matchLabels": {"app": "phalanx-node-agent"}},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [{"podSelector": {"matchLabels": {"app": "phalanx-scheduler"}}}],
+                "ports": [{"protocol": "TCP", "port": 9444}],
+            }
+        ],
+    }
+
+
+def test_the_node_agent_values_reach_its_flags_image_and_policy(helm: Helm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.__main__ import parse
+
+    monkeypatch.setenv("NODE_NAME", "gpu-1")
+    values = {
+        "nodeAgent.port": "9555",
+        "nodeAgent.gpuSlots": "4",
+        "nodeAgent.evictUnhealthy": "false",
+        "nodeAgent.extraArgs[0]": "--interval=2",
+        "nodeAgent.nodeSelector.gpu": "yes",
+        "nodeAgent.nodeSelector.nvidia\\.com/gpu\\.present": "null",
+        "nodeAgent.image.repository": "registry.example.com/phalanx-agent",
+        "nodeAgent.image.tag": "0.2.0",
+        "config.gpu.dynamicMigLabel": "example.com/mig=on-demand",
+        "image.pullPolicy": "IfNotPresent",
+    }
+    docs = render(helm, *AGENT, *[arg for k, v in values.items() for arg in ("--set", f"{k}={v}")])
+    container = agent_container(docs)
+    assert container["image"] == "registry.example.com/phalanx-agent:0.2.0"
+    assert container["imagePullPolicy"] == "IfNotPresent"  # the extender's, not overridden
+    args = parse(container["command"][3:])
+    assert (args.listen, args.gpu_slots, args.evict_unhealthy, args.interval) == ("0.0.0.0:9555", 4, False, 2.0)
+    assert args.dynamic_mig_label == "example.com/mig=on-demand"  # follows the extender's configuration
+    assert container["ports"][0]["containerPort"] == 9555
+    spec = one(docs, "DaemonSet", "phalanx-node-agent")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpu": "yes"}
+    policy = one(docs, "NetworkPolicy", "phalanx-node-agent")["spec"]
+    assert policy["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9555}]
+
+    # No override: the extender's image, pinned by its digest; no NetworkPolicy when disabled.
+    digest = "sha256:" + "0123456789abcdef" * 4
+    docs = render(helm, *AGENT, "--set", f"image.digest={digest}", "--set", "networkPolicy.enabled=false")
+    assert agent_container(docs)["image"] == f"phalanx-extender@{digest}"
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy"]
+
+
 # ---------------------------------------------------------------- the same as deploy/kubernetes
 
 
-def test_the_default_rbac_is_the_rbac_of_deploy_kubernetes(helm: Helm) -> None:
-    rendered, shipped = render(helm), manifests()
+@pytest.mark.parametrize("agent", [False, True], ids=["defaults", "node-agent"])
+def test_the_default_rbac_is_the_rbac_of_deploy_kubernetes(helm: Helm, agent: bool) -> None:
+    """With nodeAgent.enabled all of it; by default all but the node agent's objects."""
+    rendered = render(helm, *(AGENT if agent else ()))
+    shipped = [d for d in manifests() if agent or not is_agents(d)]
     kinds = ("ServiceAccount", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
     names = {kind: sorted(d["metadata"]["name"] for d in shipped if d["kind"] == kind) for kind in kinds}
     assert {kind: sorted(d["metadata"]["name"] for d in rendered if d["kind"] == kind) for kind in kinds} == names
@@ -323,14 +463,15 @@ def test_the_default_rbac_is_the_rbac_of_deploy_kubernetes(helm: Helm) -> None:
 
 
 def test_the_chart_renders_the_objects_of_deploy_kubernetes(helm: Helm) -> None:
-    """With the manifests' replica count, every object of deploy/kubernetes (but the Namespace,
-    which `helm install --create-namespace` makes) renders the same, but for the chart's own
-    labels and the config checksum; the chart adds only its NetworkPolicy."""
+    """With the manifests' replica count and the node agent on, every object of deploy/kubernetes
+    (but the Namespace, which `helm install --create-namespace` makes) renders the same, but for
+    the chart's own labels and the config checksum; the chart adds only its NetworkPolicies."""
     shipped = [d for d in manifests() if d["kind"] != "Namespace"]
     replicas = one(shipped, "Deployment", "phalanx-scheduler")["spec"]["replicas"]
-    rendered = render(helm, "--set", f"replicas={replicas}")
+    rendered = render(helm, "--set", f"replicas={replicas}", *AGENT)
     key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
-    assert sorted(map(key, rendered)) == sorted([*map(key, shipped), ("NetworkPolicy", "phalanx-scheduler")])
+    policies = [("NetworkPolicy", "phalanx-scheduler"), ("NetworkPolicy", "phalanx-node-agent")]
+    assert sorted(map(key, rendered)) == sorted([*map(key, shipped), *policies])
     for theirs in shipped:
         ours = one(rendered, theirs["kind"], theirs["metadata"]["name"])
         assert _plain(ours) == _plain(theirs), f"{theirs['kind']}/{theirs['metadata']['name']}"
@@ -341,10 +482,11 @@ def test_policies_render_the_objects_of_deploy_kubernetes_policies(helm: Helm) -
     that deployment-patch.json makes of the shipped one; the NetworkPolicy admits the webhook port."""
     shipped = [d for d in manifests() if d["kind"] != "Namespace"]
     replicas = one(shipped, "Deployment", "phalanx-scheduler")["spec"]["replicas"]
-    rendered = render(helm, "--set", f"replicas={replicas}", "--set", "policies.enabled=true")
+    rendered = render(helm, "--set", f"replicas={replicas}", "--set", "policies.enabled=true", *AGENT)
     extra = [d for d in yaml.safe_load_all((MANIFESTS / "policies" / "policies.yaml").read_text()) if d]
     key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
-    expected = [*map(key, shipped), *map(key, extra), ("NetworkPolicy", "phalanx-scheduler")]
+    policies = [("NetworkPolicy", "phalanx-scheduler"), ("NetworkPolicy", "phalanx-node-agent")]
+    expected = [*map(key, shipped), *map(key, extra), *policies]
     assert sorted(map(key, rendered)) == sorted(expected)
     for theirs in extra:
         assert _plain(one(rendered, *key(theirs))) == _plain(theirs), key(theirs)
@@ -364,7 +506,7 @@ def _plain(doc: Doc) -> Doc:
     """A document without the chart's own labels and annotations, its ConfigMaps' YAML parsed."""
     doc = json.loads(json.dumps(doc))
     metas = [doc["metadata"]]
-    if doc["kind"] == "Deployment":
+    if doc["kind"] in ("Deployment", "DaemonSet"):
         metas.append(doc["spec"]["template"]["metadata"])
     for meta in metas:
         for field, ours in (("labels", ("app.kubernetes.io/", "helm.sh/")), ("annotations", ("checksum/",))):
@@ -405,12 +547,14 @@ def test_every_rendered_object_passes_a_server_side_dry_run(helm: Helm, cluster:
     renders = [
         render(helm, "--include-crds"),
         render(helm, "--values", str(HA_VALUES), namespace=HA_NAMESPACE),
+        render(helm, *AGENT),
     ]
     for docs in renders:
         for doc in docs:
             _dry_run(kube, doc)
     assert {d["kind"] for d in renders[0]} >= {"CustomResourceDefinition", "Deployment", "NetworkPolicy"}
     assert "PodDisruptionBudget" in {d["kind"] for d in renders[1]}
+    assert "DaemonSet" in {d["kind"] for d in renders[2]}
 
 
 @pytest.mark.parametrize("values", ["defaults", "ha"])

@@ -21,7 +21,7 @@ import yaml
 from deploy.local import replicas
 from deploy.local.build import locate_binaries
 from deploy.local.cluster import LocalCluster
-from deploy.local.replicas import PATHS, documents
+from deploy.local.replicas import MANIFESTS, PATHS, documents
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -64,6 +64,63 @@ def test_the_shipped_scheduler_configuration_is_accepted_by_kube_scheduler(
     assert not effective.get("percentageOfNodesToScore")  # kube-scheduler's adaptive default
 
 
+def test_the_node_agent_manifest_runs_what_the_agent_parses_with_its_host_paths_and_least_privilege(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No cluster: node-agent/node-agent.yaml's DaemonSet, read as kubelet would run it (the command
+    through the agent's own parser), mounts every host path its flags name, and its roles are
+    exactly what the agent calls; the extender may make every NodeAgent call the agent reviews."""
+    from agent.__main__ import parse
+    from agent.auth import GROUP, RESOURCE
+    from agent.mps import MPS_PIPE_DIRECTORY, MPS_SHM_DIRECTORY
+
+    docs = [d for d in yaml.safe_load_all((MANIFESTS / "node-agent/node-agent.yaml").read_text()) if d]
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = daemonset["spec"]["template"]["spec"]
+    assert daemonset["metadata"]["namespace"] == "phalanx-system"
+    assert spec["serviceAccountName"] == "phalanx-node-agent"
+    assert spec["priorityClassName"] == "system-node-critical"
+    [container] = spec["containers"]
+    extender = next(d for d in documents() if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == next(c["image"] for c in extender if c["name"] == "phalanx-extender")
+    assert container["securityContext"]["privileged"] is True
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "compute,utility")
+    monkeypatch.setenv("NODE_NAME", "gpu-1")
+    assert container["command"][:3] == ["python", "-m", "agent"]
+    args = parse(container["command"][3:])
+    port = int(args.listen.rsplit(":", 1)[1])
+    assert [p["containerPort"] for p in container["ports"]] == [port] == [9444]
+    assert container["readinessProbe"]["tcpSocket"]["port"] == container["ports"][0]["name"]
+    volumes = {v["name"]: v["hostPath"] for v in spec["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]]["path"] for m in container["volumeMounts"]}
+    assert mounts.pop("/dev/shm") == MPS_SHM_DIRECTORY  # the MPS daemon's shared memory
+    assert all(path == host for path, host in mounts.items())
+    needed = (args.plugin_dir.rstrip("/"), str(Path(args.pod_resources_socket).parent), args.cdi_dir)
+    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY}
+
+    role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "phalanx-node-agent")
+    assert rule_set(role["rules"]) == {
+        ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+        ("", "pods/eviction", "create"),
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("", "events", "create"),
+    }
+    subject = [{"kind": "ServiceAccount", "name": "phalanx-node-agent", "namespace": "phalanx-system"}]
+    bindings = {d["roleRef"]["name"]: d["subjects"] for d in docs if d["kind"] == "ClusterRoleBinding"}
+    assert bindings == {"phalanx-node-agent": subject, "system:auth-delegator": subject}
+    shipped = documents()
+    extender_role = next(
+        d for d in shipped if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "phalanx-extender"
+    )
+    assert {(GROUP, RESOURCE, verb) for verb in ("create", "delete", "get")} <= rule_set(extender_role["rules"])
+
+
 # ---------------------------------------------------------------- the manifests as shipped
 
 NS_E2E = "manifests-e2e"
@@ -76,6 +133,11 @@ NOT_EXERCISED = {
     ("", "pods", "get"): "a bind answered 409 reads the pod: was it bound where we wanted already?",
     ("phalanx.io", "queues/status", "patch"): "a Queue's status, written once a Queue exists (test_queues)",
     ("", "pods/eviction", "create"): "gang-aware preemption's evictions (test_queues)",
+    # Not calls to the API server: the node agents' SubjectAccessReviews of the extender's
+    # NodeAgent calls name this resource (no agent runs here; test_node_agent, tests/agent).
+    ("phalanx.io", "nodeagents", "create"): "BindAllocation, reviewed by the node's agent",
+    ("phalanx.io", "nodeagents", "delete"): "EvictAllocation, reviewed by the node's agent",
+    ("phalanx.io", "nodeagents", "get"): "GetResourceSnapshot and Heartbeat, reviewed by the node's agent",
 }
 RI_GROUPS = {"kubeflow.org", "jobset.x-k8s.io", "leaderworkerset.x-k8s.io", "serving.kserve.io"}
 RI_GROUPS |= {"trainer.kubeflow.org", "ray.io", "apps", "batch"}

@@ -262,6 +262,23 @@ def start_container(side: NodeSide, pods: dict[str, tuple[str, list[str]]]) -> d
     return out
 
 
+def snapshot(side: NodeSide, authorization: str) -> Any:
+    """The agent's GetResourceSnapshot, called as the extender calls it (its bearer token)."""
+    with grpc.insecure_channel(f"127.0.0.1:{side.port}") as channel:
+        return pb_grpc.NodeAgentStub(channel).GetResourceSnapshot(
+            pb.SnapshotRequest(node_id=side.node), timeout=5, metadata=(("authorization", authorization),)
+        )
+
+
+@pytest.fixture(autouse=True)
+def clean(kube: RestKube) -> Iterator[None]:
+    """Each test starts and ends with none of the suite's pods (a failed test leaves none behind)."""
+    yield
+    names = [p["metadata"]["name"] for p in suite_pods(kube)]
+    if names:
+        delete(kube, *names)
+
+
 def uuids(kube: RestKube, node: str) -> dict[int, str]:
     inv = inventory(kube, node) or {}
     return {g["index"]: g["uuid"] for g in inv["gpus"]}
@@ -305,8 +322,23 @@ def test_each_container_gets_exactly_the_devices_of_its_record(
     assert threads == [50, 25] and sum(memory) <= 81920, (threads, memory)
 
     (slice_,) = record(bound["mig"])
-    cut = [s for g in inventory(kube, "na-h100")["gpus"] for s in g.get("slices", [])]  # type: ignore[index]
-    assert [(s["profile"], s["start"]) for s in cut] == [("3g.40gb", slice_["start"])]  # cut before the container
+    # cut at BindAllocation, before the Binding: the agent holds it before any container starts
+    (gpu_,) = snapshot(sides["na-h100"], kube.headers["Authorization"]).gpus
+    assert [(m.profile, m.start, m.allocation_id) for m in gpu_.mig_devices] == [
+        ("3g.40gb", slice_["start"], "default/mig")
+    ]
+    cut = wait(
+        "the slice published",
+        lambda: [
+            s
+            for g in inventory(kube, "na-h100")["gpus"]  # type: ignore[index]
+            for s in g.get("slices", [])
+        ],
+        30,
+    )
+    assert [(s["profile"], s["start"], s["uuid"]) for s in cut] == [
+        ("3g.40gb", slice_["start"], gpu_.mig_devices[0].uuid)
+    ]
     env = start_container(sides["na-h100"], {"mig": (MIG, ["mig-3g.40gb-slot-0"])})
     assert env["mig"]["NVIDIA_VISIBLE_DEVICES"] == cut[0]["uuid"]
     delete(kube, *bound)
@@ -367,16 +399,14 @@ def test_a_restarted_agent_rebuilds_from_the_pods_and_refuses_what_it_does_not_k
     side.start(cluster.kubeconfig_path)
     endpoint = f"127.0.0.1:{side.port}"
     token = kube.headers["Authorization"]
-    def snapshot() -> Any:
-        with grpc.insecure_channel(endpoint) as channel:
-            try:
-                return pb_grpc.NodeAgentStub(channel).GetResourceSnapshot(
-                    pb.SnapshotRequest(node_id="na-one"), timeout=5, metadata=(("authorization", token),)
-                )
-            except grpc.RpcError:
-                return None
 
-    snap = wait("the restarted agent holds the pod again", lambda: (s := snapshot()) and s.allocations and s, 60)
+    def held() -> Any:
+        try:
+            return snapshot(side, token)
+        except grpc.RpcError:
+            return None
+
+    snap = wait("the restarted agent holds the pod again", lambda: (s := held()) and s.allocations and s, 60)
     assert [(a.allocation_id, a.grants[0].index, a.grants[0].milli) for a in snap.allocations] == [
         ("default/keep", record(bound["keep"])[0]["index"], 500)
     ]

@@ -14,6 +14,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 app: phalanx-scheduler
 {{- end -}}
 
+{{/* The node agent's pods (nodeAgent.enabled): the selector deploy/kubernetes uses. */}}
+{{- define "phalanx.nodeAgentSelectorLabels" -}}
+app: phalanx-node-agent
+{{- end -}}
+
 {{/* The profile Phalanx serves. */}}
 {{- define "phalanx.schedulerName" -}}
 {{- if .Values.replaceDefaultScheduler -}}
