@@ -98,12 +98,25 @@ def main() -> None:
         default=Path("/tmp/phalanx-webhook"),
         help="where the webhook's serving certificate is written (shared through a Secret, rotated)",
     )
+    ap.add_argument(
+        "--gpu-share-resource",
+        action="store_true",
+        help="with the node agent: give pods that ask a GPU share by annotation a phalanx.io/gpu-share "
+        "slot (a mutating webhook; needs --webhook-port), so the kubelet calls the agent for them",
+    )
     args = ap.parse_args()
     webhook = None
+    if args.gpu_share_resource and not args.webhook_port:
+        ap.error("--gpu-share-resource needs the webhooks (--webhook-port)")
     if args.webhook_port:
         try:
             webhook = webhook_options(
-                args.webhook_host, args.webhook_port, args.webhook_service, args.webhook_url, args.webhook_cert_dir
+                args.webhook_host,
+                args.webhook_port,
+                args.webhook_service,
+                args.webhook_url,
+                args.webhook_cert_dir,
+                gpu_share=args.gpu_share_resource,
             )
         except ValueError as e:
             ap.error(str(e))

@@ -17,6 +17,12 @@ The choices, and what they mean when Phalanx is down:
   and an operator can take a namespace out at once.
 - `sideEffects: None` (the handlers change nothing; dry-run requests are served alike),
   `reinvocationPolicy: Never`, `matchPolicy: Equivalent`.
+
+With `--gpu-share-resource` (the node agent deployed) the mutating configuration holds a second
+webhook, `gpu-share.policies.phalanx.io` (gpushare.py): pods only, every namespace but the system
+ones and Phalanx's own, asked only for pods with a GPU annotation (`matchConditions`), failing
+open (`Ignore`: a pod admitted without its slot gets no GPU, never another's) and re-invoked
+after the policy defaults (`IfNeeded`), which may add such an annotation.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import orjson
 import structlog
 
 from extender.kube import Kube
+from extender.policy import gpushare
 from extender.ri.model import GVK
 
 log = structlog.get_logger("phalanx.policy.registration")
@@ -85,9 +92,12 @@ def configurations(
     kinds: Iterable[tuple[GVK, str]],
     own_namespace: str,
     namespaces: frozenset[str] | None = None,
+    *,
+    gpu_share: bool = False,
 ) -> tuple[dict[str, JSON], dict[str, JSON]]:
     """The MutatingWebhookConfiguration and ValidatingWebhookConfiguration for pods, Jobs and the
-    workload kinds `kinds` ((kind, its resource plural))."""
+    workload kinds `kinds` ((kind, its resource plural)); with `gpu_share`, the mutating one also
+    routes pods asking a GPU share by annotation to `/mutate-gpu-share` (gpushare.py)."""
 
     def rule(group: str, version: str, plural: str, operations: list[str]) -> dict[str, JSON]:
         return {
@@ -116,12 +126,31 @@ def configurations(
         }
 
     meta = {"name": CONFIG_NAME, "labels": {"app": "phalanx"}}
+    mutating_hooks: list[dict[str, JSON]] = [{**webhook("defaults", "/mutate"), "reinvocationPolicy": "Never"}]
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": meta,
-        "webhooks": [{**webhook("defaults", "/mutate"), "reinvocationPolicy": "Never"}],
+        "webhooks": mutating_hooks,
     }
+    if gpu_share:
+        # Every namespace but the system ones and Phalanx's own, failing open, and called again
+        # after the policy defaults (which may add a share annotation).
+        mutating_hooks.append(
+            {
+                "name": "gpu-share.policies.phalanx.io",
+                "clientConfig": endpoint.client_config(gpushare.PATH, ca_bundle),
+                "rules": [rule("", "v1", "pods", ["CREATE"])],
+                "failurePolicy": "Ignore",
+                "matchPolicy": "Equivalent",
+                "namespaceSelector": namespace_selector(None, own_namespace),
+                "matchConditions": [gpushare.match_condition()],
+                "sideEffects": "None",
+                "timeoutSeconds": TIMEOUT_S,
+                "admissionReviewVersions": ["v1"],
+                "reinvocationPolicy": "IfNeeded",
+            }
+        )
     validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -143,10 +172,11 @@ class Registration:
     )
     OWNER = "/apis/rbac.authorization.k8s.io/v1/clusterroles/phalanx-policies"
 
-    def __init__(self, kube: Kube, endpoint: Endpoint, own_namespace: str) -> None:
+    def __init__(self, kube: Kube, endpoint: Endpoint, own_namespace: str, *, gpu_share: bool = False) -> None:
         self.kube = kube
         self.endpoint = endpoint
         self.own_namespace = own_namespace
+        self.gpu_share = gpu_share
         self._written: tuple[bytes, ...] = ()
         self._lock = threading.Lock()
 
@@ -160,7 +190,9 @@ class Registration:
     ) -> bool:
         """Create or update both configurations; True when they are current. Raises on
         transport errors (the caller retries on its next round)."""
-        bodies = configurations(self.endpoint, ca_bundle, kinds, self.own_namespace, namespaces)
+        bodies = configurations(
+            self.endpoint, ca_bundle, kinds, self.own_namespace, namespaces, gpu_share=self.gpu_share
+        )
         stamp = tuple(orjson.dumps(b, option=orjson.OPT_SORT_KEYS) for b in bodies)
         with self._lock:
             if stamp == self._written and not force:

@@ -23,6 +23,7 @@ import structlog
 
 from extender.kube import Kube
 from extender.metrics import Metrics
+from extender.policy import gpushare
 from extender.policy.certs import WebhookCerts
 from extender.policy.registration import Endpoint, Registration
 from extender.policy.webhook import Admission
@@ -45,6 +46,7 @@ class WebhookOptions:
     endpoint: Endpoint = field(default_factory=Endpoint)
     dns_names: tuple[str, ...] = ()
     ips: tuple[str, ...] = ()
+    gpu_share: bool = False  # also give share pods their phalanx.io/gpu-share slot (gpushare.py)
 
 
 class PolicyService:
@@ -66,7 +68,7 @@ class PolicyService:
         self.kinds = kinds
         self.namespaces = namespaces
         self.certs = WebhookCerts(kube, namespace, options.cert_dir, dns_names=options.dns_names, ips=options.ips)
-        self.registration = Registration(kube, options.endpoint, namespace)
+        self.registration = Registration(kube, options.endpoint, namespace, gpu_share=options.gpu_share)
         self.server: Server | None = None
         self.started = threading.Event()
         self._stopping = threading.Event()
@@ -131,6 +133,8 @@ class PolicyService:
             Route(post, "/mutate", _handler(self.admission.mutate), max_body=limits.verb_body),
             Route(post, "/validate", _handler(self.admission.validate), max_body=limits.verb_body),
         ]
+        if self.options.gpu_share:
+            routes.append(Route(post, gpushare.PATH, _handler(gpushare.review), max_body=limits.verb_body))
         tls = ServerTLS(TLSFiles(self.certs.cert_file, self.certs.key_file))
         return Server(
             (self.options.host, self.options.port),
@@ -156,7 +160,9 @@ def plural_kinds(paths: Mapping[GVK, str], registry: Registry) -> list[tuple[GVK
     return [(g, path.rsplit("/", 1)[-1]) for g, path in paths.items() if registry.lookup(g.group, g.version, g.kind)]
 
 
-def webhook_options(host: str, port: int, service: str | None, url: str | None, cert_dir: Path) -> WebhookOptions:
+def webhook_options(
+    host: str, port: int, service: str | None, url: str | None, cert_dir: Path, *, gpu_share: bool = False
+) -> WebhookOptions:
     """The command line's webhook flags as options; ValueError names the flag that is wrong."""
     if bool(service) == bool(url):
         raise ValueError("--webhook-port needs exactly one of --webhook-service and --webhook-url")
@@ -167,7 +173,7 @@ def webhook_options(host: str, port: int, service: str | None, url: str | None, 
             raise ValueError(f"--webhook-service {service!r}: expected NAMESPACE/NAME[:PORT]")
         endpoint = Endpoint(service_namespace=namespace, service_name=name, service_port=int(port_text or 443))
         names = (f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.cluster.local")
-        return WebhookOptions(host, port, cert_dir, endpoint, dns_names=names)
+        return WebhookOptions(host, port, cert_dir, endpoint, dns_names=names, gpu_share=gpu_share)
     parsed = urlsplit(str(url))
     if parsed.scheme != "https" or not parsed.hostname:
         raise ValueError(f"--webhook-url {url!r}: expected https://HOST:PORT")
@@ -176,4 +182,4 @@ def webhook_options(host: str, port: int, service: str | None, url: str | None, 
         dns: tuple[str, ...] = ()
     except ValueError:
         ips, dns = (), (parsed.hostname,)
-    return WebhookOptions(host, port, cert_dir, Endpoint(url=str(url)), dns_names=dns, ips=ips)
+    return WebhookOptions(host, port, cert_dir, Endpoint(url=str(url)), dns_names=dns, ips=ips, gpu_share=gpu_share)

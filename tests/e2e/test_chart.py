@@ -34,7 +34,8 @@ NAMESPACE = "phalanx-system"
 HA_NAMESPACE = "phalanx-ha"  # ci/ha-values.yaml is rendered into another namespace
 HA_LEASE = "phalanx-ha"
 AGENT_MANIFEST = MANIFESTS / "node-agent/node-agent.yaml"
-AGENT = ("--set", "nodeAgent.enabled=true")  # the node agent's DaemonSet, off by default
+# the node agent's DaemonSet, off by default (its share-slot webhook needs policies.enabled)
+AGENT = ("--set", "nodeAgent.enabled=true", "--set", "nodeAgent.shareResource=false")
 
 Doc = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io/v1"
@@ -665,3 +666,19 @@ def test_the_rendered_chart_schedules_a_gang_with_leader_election(
     finally:
         replica.stop()
         kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={"gracePeriodSeconds": "0"})
+
+
+def test_the_node_agents_share_slots_need_the_webhooks(helm: Helm) -> None:
+    """nodeAgent.shareResource (on by default) makes the extender give annotation-only GPU pods
+    their phalanx.io/gpu-share slot, a mutating webhook: without policies.enabled the chart
+    refuses to render, naming both values; with it the extender runs --gpu-share-resource."""
+    result = helm.run("template", "t", str(CHART), "--set", "nodeAgent.enabled=true")
+    assert result.returncode != 0
+    assert "nodeAgent.shareResource needs policies.enabled" in result.stderr
+    docs = render(helm, "--set", "nodeAgent.enabled=true", "--set", "policies.enabled=true")
+    [extender] = [
+        c
+        for c in one(docs, "Deployment", "phalanx-scheduler")["spec"]["template"]["spec"]["containers"]
+        if c["name"] == "phalanx-extender"
+    ]
+    assert "--gpu-share-resource" in extender["command"] and "--webhook-port=9443" in extender["command"]

@@ -32,12 +32,14 @@ from agent import cdi
 from agent.deviceplugin import GPU_RESOURCE, SHARE_RESOURCE, mig_resource
 from deploy.local.cluster import LocalCluster
 from extender.agents import AgentRefused, Agents
-from extender.app import Extender
+from extender.app import Extender, Options
 from extender.kube import RestKube
 from extender.objects import DEVICES_ANNOTATION, INVENTORY_ANNOTATION
+from extender.policy.registration import CONFIG_NAME, Registration
+from extender.policy.service import webhook_options
 from rpc import nodeagent_pb2 as pb
 from rpc import nodeagent_pb2_grpc as pb_grpc
-from tests.e2e.test_extender import get, start_extender, wait
+from tests.e2e.test_extender import get, wait
 from tests.kubelet import Kubelet, pod_resources
 
 pytestmark = pytest.mark.e2e
@@ -48,6 +50,7 @@ TAINT = {"key": "phalanx.io/e2e", "value": "node-agent", "effect": "NoSchedule"}
 A100, H100 = "NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3"
 MIG = mig_resource("3g.40gb")
 ROOT = Path(__file__).resolve().parents[2]
+WEBHOOK_CONFIGS = Registration.PATHS
 
 
 def kwok_node(name: str, product: str, gpus: int, labels: dict[str, str]) -> dict[str, Any]:
@@ -186,16 +189,38 @@ def sides(cluster: LocalCluster, kube: RestKube) -> Iterator[dict[str, NodeSide]
 
 
 @pytest.fixture(scope="module")
-def extender(cluster: LocalCluster, kube: RestKube, sides: dict[str, NodeSide]) -> Iterator[Extender]:
-    ext = start_extender(kube)
+def extender(
+    cluster: LocalCluster, kube: RestKube, sides: dict[str, NodeSide], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Extender]:
+    """The extender with its webhooks on and --gpu-share-resource: pods asking GPUs by
+    annotation get their phalanx.io/gpu-share slot at creation."""
+    r = kube.request(
+        "POST",
+        "/api/v1/namespaces",
+        body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "phalanx-system"}},
+    )
+    assert r.status in (201, 409), r.body
+    port = free_port()
+    webhook = webhook_options(
+        "127.0.0.1", port, None, f"https://127.0.0.1:{port}", tmp_path_factory.mktemp("webhook"), gpu_share=True
+    )
+    ext = Extender(kube, Options(port=0, webhook=webhook))
+    ext.start()
+    wait("extender ready", ext.ready)
+    assert ext.policy_service is not None
+    wait("webhooks registered", ext.policy_service.started.is_set, 120)
     wait(
         "agents' inventories in the cache",
         lambda: all(ext.cache.node_annotation(n, INVENTORY_ANNOTATION) for n in NODES),
     )
     cluster.restart_scheduler(ext.server.url, ignored_resources=(MIG,))
-    yield ext
-    cluster.restart_scheduler(None)
-    ext.stop()
+    try:
+        yield ext
+    finally:
+        cluster.restart_scheduler(None)
+        ext.stop()  # before its webhook configurations go, so it cannot write them again
+        for collection in WEBHOOK_CONFIGS:
+            kube.request("DELETE", f"{collection}/{CONFIG_NAME}")
 
 
 def gpu_pod(
@@ -287,17 +312,19 @@ def uuids(kube: RestKube, node: str) -> dict[int, str]:
 def test_each_container_gets_exactly_the_devices_of_its_record(
     extender: Extender, kube: RestKube, sides: dict[str, NodeSide]
 ) -> None:
-    share = {SHARE_RESOURCE: "1"}
     bound = submit(
         kube,
         {
             "whole": gpu_pod("whole", "na-a100", limits={"nvidia.com/gpu": "2"}),
-            "memory": gpu_pod("memory", "na-a100", annotations={"gpu-memory": "20480"}, limits=share),
-            "half": gpu_pod("half", "na-one", annotations={"gpu-fraction": "0.5"}, limits=share),
-            "quarter": gpu_pod("quarter", "na-one", annotations={"gpu-fraction": "0.25"}, limits=share),
+            "memory": gpu_pod("memory", "na-a100", annotations={"gpu-memory": "20480"}),
+            "half": gpu_pod("half", "na-one", annotations={"gpu-fraction": "0.5"}),
+            "quarter": gpu_pod("quarter", "na-one", annotations={"gpu-fraction": "0.25"}),
             "mig": gpu_pod("mig", "na-h100", limits={MIG: "1"}),
         },
     )
+    # the pods asking by annotation got their slot from the webhook (--gpu-share-resource)
+    slots = {n: p["spec"]["containers"][0]["resources"]["limits"].get(SHARE_RESOURCE) for n, p in bound.items()}
+    assert slots == {"whole": None, "memory": "1", "half": "1", "quarter": "1", "mig": None}
     a100 = uuids(kube, "na-a100")
     env = start_container(
         sides["na-a100"],
@@ -392,8 +419,7 @@ def test_an_unhealthy_gpu_is_reported_its_pod_evicted_and_nothing_placed_on_it(
 def test_a_restarted_agent_rebuilds_from_the_pods_and_refuses_what_it_does_not_know(
     cluster: LocalCluster, extender: Extender, kube: RestKube, sides: dict[str, NodeSide]
 ) -> None:
-    share = {SHARE_RESOURCE: "1"}
-    bound = submit(kube, {"keep": gpu_pod("keep", "na-one", annotations={"gpu-fraction": "0.5"}, limits=share)})
+    bound = submit(kube, {"keep": gpu_pod("keep", "na-one", annotations={"gpu-fraction": "0.5"})})
     side = sides["na-one"]
     side.stop()
     side.start(cluster.kubeconfig_path)
