@@ -478,12 +478,15 @@ def test_the_chart_renders_the_objects_of_deploy_kubernetes(helm: Helm) -> None:
         assert _plain(ours) == _plain(theirs), f"{theirs['kind']}/{theirs['metadata']['name']}"
 
 
-def test_policies_render_the_objects_of_deploy_kubernetes_policies(helm: Helm) -> None:
+@pytest.mark.parametrize("share", [False, True], ids=["agent without share slots", "agent with share slots"])
+def test_policies_render_the_objects_of_deploy_kubernetes_policies(helm: Helm, share: bool) -> None:
     """`policies.enabled` renders deploy/kubernetes/policies/policies.yaml, and the Deployment
-    that deployment-patch.json makes of the shipped one; the NetworkPolicy admits the webhook port."""
+    that deployment-patch.json makes of the shipped one (and, with the agent's share slots,
+    node-agent/deployment-patch.json after it); the NetworkPolicy admits the webhook port."""
     shipped = [d for d in manifests() if d["kind"] != "Namespace"]
     replicas = one(shipped, "Deployment", "phalanx-scheduler")["spec"]["replicas"]
-    rendered = render(helm, "--set", f"replicas={replicas}", "--set", "policies.enabled=true", *AGENT)
+    agent = ("--set", "nodeAgent.enabled=true") if share else AGENT
+    rendered = render(helm, "--set", f"replicas={replicas}", "--set", "policies.enabled=true", *agent)
     extra = [d for d in yaml.safe_load_all((MANIFESTS / "policies" / "policies.yaml").read_text()) if d]
     key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
     policies = [("NetworkPolicy", "phalanx-scheduler"), ("NetworkPolicy", "phalanx-node-agent")]
@@ -492,7 +495,10 @@ def test_policies_render_the_objects_of_deploy_kubernetes_policies(helm: Helm) -
     for theirs in extra:
         assert _plain(one(rendered, *key(theirs))) == _plain(theirs), key(theirs)
     deployment = json.loads(json.dumps(one(shipped, "Deployment", "phalanx-scheduler")))
-    for op in json.loads((MANIFESTS / "policies" / "deployment-patch.json").read_text()):
+    patches = [MANIFESTS / "policies" / "deployment-patch.json"]
+    if share:
+        patches.append(MANIFESTS / "node-agent" / "deployment-patch.json")
+    for op in [op for patch in patches for op in json.loads(patch.read_text())]:
         assert op["op"] == "add" and op["path"].endswith("/-"), op  # appends only: applied here by hand
         target: Any = deployment
         for part in op["path"].strip("/").split("/")[:-1]:
