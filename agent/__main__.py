@@ -52,6 +52,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--plugin-dir", default="/var/lib/kubelet/device-plugins/")
     ap.add_argument("--pod-resources-socket", default="/var/lib/kubelet/pod-resources/kubelet.sock")
     ap.add_argument("--cdi-dir", default="/var/run/cdi")
+    ap.add_argument(
+        "--state-file",
+        default="/var/lib/phalanx/agent-pins.json",
+        help="which static MIG slice each pod holds, kept across agent restarts (a host path)",
+    )
     ap.add_argument("--gpu-slots", type=int, default=1, help="nvidia.com/gpu slots advertised per whole GPU")
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between inventory and health polls")
     ap.add_argument(
@@ -105,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     kube = Kube.from_kubeconfig(args.kubeconfig)
     backend, follow = backend_for(args, kube)
-    ledger = Ledger(backend)
+    state = Path(args.state_file)
+    state.parent.mkdir(parents=True, exist_ok=True)
+    ledger = Ledger(backend, state=state)
     port = args.listen.rsplit(":", 1)[1]
     pod_ip = os.environ.get("POD_IP", "")
     host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip  # an IPv6 address is bracketed in host:port

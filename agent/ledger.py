@@ -10,8 +10,13 @@ An allocation is a pod bound here with a device record (`agent.contract`). `bind
 Binding the same pod again with the same record is a no-op (the extender retries, the kubelet
 calls PreStartContainer on every container start); another record for the same pod is refused.
 
-`release` ends one: its dynamic slices are destroyed. `rebuild` re-admits the pods already on
-the node after an agent restart (the pods are the record; nothing is kept on disk).
+A bind is all or nothing: a slice cut for a record that is then refused is destroyed again.
+
+`release` ends one: its dynamic slices are destroyed; `reap` destroys dynamic slices nobody
+holds (a failed destroy, a bind whose pod never came). `rebuild` re-admits the pods already on
+the node after an agent restart: the pods are the record. The one choice a record leaves to the
+node, which static MIG slice of a profile a pod gets, is pinned by pod UID in a small state file
+(`state`), so two pods of one profile never swap slices under running containers.
 
 Locking: one lock; backend calls (cutting a slice) happen under it, so two binds never race for
 one placement.
@@ -20,9 +25,12 @@ one placement.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agent.contract import FULL_SHARE, Grant
 from agent.inventory import Backend, BackendError, Gpu, Inventory, MigInstance
@@ -85,6 +93,7 @@ class ContainerEdits:
 
 @dataclass
 class _Use:
+    shares: int = 0  # share grants (any: a TFLOPs-only one takes no milli and no memory)
     milli: int = 0
     memory_mib: int = 0
     whole: str = ""  # key of the pod holding the GPU whole
@@ -92,11 +101,13 @@ class _Use:
 
 
 class Ledger:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, state: Path | None = None) -> None:
         self._backend = backend
         self._lock = threading.Lock()
         self._inventory = backend.inventory()
         self._allocations: dict[str, Allocation] = {}
+        self._state = state  # where the static-slice pins are kept (a host path: they outlive the agent)
+        self._pins: dict[str, tuple[str, ...]] = _load_pins(state)
 
     # -- inventory ---------------------------------------------------------------------------
 
@@ -133,9 +144,15 @@ class Ledger:
                     return held
                 raise BindRefused(CONFLICT, f"pod {key} is bound here with other devices ({_show(held.grants)})")
             uses = self._uses()
-            devices = tuple(self._admit(key, g, uses) for g in grants)
+            cut: list[tuple[int, str]] = []
+            try:
+                devices = tuple(self._admit(key, uid, g, uses, cut) for g in grants)
+            except BindRefused:
+                self._destroy(cut)  # all or nothing: no slice outlives a refused record
+                raise
             alloc = Allocation(key, uid, grants, devices)
             self._allocations[key] = alloc
+            self._pin(alloc)
             return alloc
 
     def release(self, key: str) -> Allocation | None:
@@ -144,13 +161,45 @@ class Ledger:
             alloc = self._allocations.pop(key, None)
             if alloc is None:
                 return None
-            for d in alloc.devices:
-                if d.grant.dynamic and d.mig is not None:
-                    # a failure leaves the slice in the inventory, where the operator sees it
-                    with contextlib.suppress(BackendError):
-                        self._backend.destroy_mig(d.grant.index, d.mig.uuid)
-            self._inventory = self._backend.inventory()
+            self._destroy([(d.grant.index, d.mig.uuid) for d in alloc.devices if d.grant.dynamic and d.mig])
+            if alloc.uid in self._pins:
+                del self._pins[alloc.uid]
+                self._save_pins()
             return alloc
+
+    def reap(self) -> list[str]:
+        """Destroy the dynamic slices no allocation holds (a release whose destroy failed, a
+        BindAllocation whose pod never came before a restart); the caller holds every pending
+        bind in the ledger. Only on a dynamic-MIG node, where every slice is the agent's."""
+        with self._lock:
+            if not self._inventory.dynamic_mig:
+                return []
+            held = {d.mig.uuid for a in self._allocations.values() for d in a.devices if d.mig is not None}
+            orphans = [(g.index, m.uuid) for g in self._inventory.gpus for m in g.migs if m.uuid not in held]
+            self._destroy(orphans)
+            return [uuid for _, uuid in orphans]
+
+    def _destroy(self, slices: list[tuple[int, str]]) -> None:
+        """Lock held. A failure leaves the slice in the inventory; `reap` tries it again."""
+        for index, uuid in slices:
+            with contextlib.suppress(BackendError):
+                self._backend.destroy_mig(index, uuid)
+        if slices:
+            self._inventory = self._backend.inventory()
+
+    def _pin(self, alloc: Allocation) -> None:
+        """Lock held: remember which static slices `alloc` took, across restarts."""
+        static = tuple(d.mig.uuid for d in alloc.devices if d.mig is not None and not d.grant.dynamic)
+        if static and alloc.uid and self._pins.get(alloc.uid) != static:
+            self._pins[alloc.uid] = static
+            self._save_pins()
+
+    def _save_pins(self) -> None:
+        if self._state is None:
+            return
+        tmp = self._state.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._pins, sort_keys=True))
+        os.replace(tmp, self._state)
 
     def rebuild(self, pods: Iterable[tuple[str, str, tuple[Grant, ...]]]) -> dict[str, BindRefused]:
         """Admit the pods already on the node (after a restart); returns the refused ones."""
@@ -202,11 +251,12 @@ class Ledger:
                 elif d.grant.whole:
                     use.whole = alloc.key
                 else:
+                    use.shares += 1
                     use.milli += d.grant.milli
                     use.memory_mib += d.grant.memory_mib
         return uses
 
-    def _admit(self, key: str, g: Grant, uses: dict[int, _Use]) -> Device:
+    def _admit(self, key: str, uid: str, g: Grant, uses: dict[int, _Use], cut: list[tuple[int, str]]) -> Device:
         gpu = self._inventory.gpu(g.index)
         if gpu is None:
             known = ", ".join(str(i) for i in sorted(self._inventory.by_index)) or "none"
@@ -217,15 +267,15 @@ class Ledger:
             )
         use = uses.setdefault(g.index, _Use())
         if g.mig:
-            return self._admit_mig(key, g, gpu, use)
+            return self._admit_mig(key, g, gpu, use, uid, cut)
         if gpu.mig_enabled:
             raise BindRefused(INVALID_RECORD, f"pod {key}: GPU {g.index} is in MIG mode; the record asks a share of it")
         if use.whole or use.slices:
             holder = use.whole or next(iter(use.slices.values()))
             raise BindRefused(OVERSUBSCRIBED, f"pod {key}: GPU {g.index} is held by {holder}")
         if g.whole:
-            if use.milli or use.memory_mib:
-                raise BindRefused(OVERSUBSCRIBED, f"pod {key}: GPU {g.index} is shared ({use.milli}/1000 taken)")
+            if use.shares:
+                raise BindRefused(OVERSUBSCRIBED, f"pod {key}: GPU {g.index} is shared by {use.shares} pods")
             use.whole = key
             return Device(g, gpu.uuid)
         if use.milli + g.milli > FULL_SHARE:
@@ -237,12 +287,13 @@ class Ledger:
                 OVERSUBSCRIBED,
                 f"pod {key}: GPU {g.index} has {gpu.memory_mib - use.memory_mib} MiB free, asked {g.memory_mib}",
             )
+        use.shares += 1
         use.milli += g.milli
         use.memory_mib += g.memory_mib
         return Device(g, gpu.uuid)
 
-    def _admit_mig(self, key: str, g: Grant, gpu: Gpu, use: _Use) -> Device:
-        if use.whole or use.milli:
+    def _admit_mig(self, key: str, g: Grant, gpu: Gpu, use: _Use, uid: str, cut: list[tuple[int, str]]) -> Device:
+        if use.whole or use.shares:
             raise BindRefused(OVERSUBSCRIBED, f"pod {key}: GPU {g.index} is held whole or shared")
         if g.dynamic:
             mine = next((m for m in gpu.migs if m.profile == g.mig and m.start == g.start), None)
@@ -252,7 +303,10 @@ class Ledger:
                     f"pod {key}: slice {g.mig}@{g.start} on GPU {g.index} is held by {use.slices[mine.uuid]}",
                 )
             try:
-                mig = mine or self._backend.create_mig(g.index, g.mig, g.start)
+                mig = mine
+                if mig is None:
+                    mig = self._backend.create_mig(g.index, g.mig, g.start)
+                    cut.append((g.index, mig.uuid))
             except BackendError as e:
                 raise BindRefused(
                     MIG_FAILED, f"pod {key}: cutting {g.mig} at {g.start} on GPU {g.index}: {e}"
@@ -269,9 +323,22 @@ class Ledger:
             total = sum(1 for m in gpu.migs if m.profile == g.mig)
             reason = UNKNOWN_DEVICE if not total else OVERSUBSCRIBED
             raise BindRefused(reason, f"pod {key}: no free {g.mig} slice on GPU {g.index} ({total} there)")
-        mig = min(free, key=lambda m: m.start)
+        # The slice this pod held before a restart (the record names a profile, not a slice):
+        # two pods of one profile never swap slices under their running containers.
+        pinned = set(self._pins.get(uid, ()))
+        mig = min(free, key=lambda m: (m.uuid not in pinned, m.start))
         use.slices[mig.uuid] = key
         return Device(g, gpu.uuid, mig)
+
+
+def _load_pins(state: Path | None) -> dict[str, tuple[str, ...]]:
+    if state is None or not state.exists():
+        return {}
+    try:
+        raw = json.loads(state.read_text())
+        return {str(uid): tuple(str(u) for u in uuids) for uid, uuids in raw.items()}
+    except (ValueError, AttributeError, TypeError):
+        return {}  # unreadable: slices are chosen afresh (as on a first start)
 
 
 def _show(grants: tuple[Grant, ...]) -> str:

@@ -15,6 +15,12 @@ driver capability), as NVIDIA's device plugin does in its mps-control-daemon, wi
 is called before a share container starts: if MPS cannot run, that container does not start
 (its limits would not hold). `stop` asks it to `quit`. The protocol is the control client's
 stdin, one command per line, as `nvidia-cuda-mps-control` documents it.
+
+Limits of this design (not verified on hardware): the limits are client settings, so they are
+cooperative (a container that unsets them gets the daemon's defaults); the control pipe is in
+the directory every share container mounts; the daemon lives in the agent's container, so an
+agent restart restarts MPS under running share pods. NVIDIA's device plugin runs MPS in a
+container of its own with per-device defaults; moving there is the next step.
 """
 
 from __future__ import annotations
@@ -97,4 +103,7 @@ class MpsControl:
     def stop(self) -> None:
         with self._lock:
             if self.running():
-                self._control("quit")
+                try:
+                    self._control("quit")
+                except (OSError, subprocess.TimeoutExpired) as e:
+                    log.warning("MPS control daemon did not quit", error=str(e))

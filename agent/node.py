@@ -2,10 +2,10 @@
 
 - Pods: list then watch the pods bound to this node (field selector `spec.nodeName`). A pod with
   a device record is admitted to the ledger (this rebuilds the ledger after a restart: the pods
-  are the record, nothing is kept on disk); one whose record the ledger refuses gets a Warning
-  Event naming the device and the reason, and its containers will not start (PreStartContainer
-  fails), never with other devices. A pod that ends (Succeeded, Failed, deleted) is released: its
-  dynamic MIG slices are destroyed.
+  are the record; only static-slice pins are kept on disk, agent/ledger.py); one whose record
+  the ledger refuses gets a Warning Event naming the device and the reason, and its containers
+  will not start (PreStartContainer fails), never with other devices. A pod that ends
+  (Succeeded, Failed, deleted) is released: its dynamic MIG slices are destroyed.
 - Allocations bound over gRPC (`BindAllocation`, before the extender's Binding) are *pending*
   until their pod shows up here; one whose pod does not within `pending_grace_s` (its Binding
   failed, or went elsewhere) is released.
@@ -78,7 +78,8 @@ class NodeLoop:
         self._published = ""
         self._evicted: set[str] = set()
         self.housekeeping: Callable[[], object] | None = None  # e.g. stale CDI specs, every HOUSEKEEPING_S
-        self._swept = time.monotonic()
+        self._swept = 0.0  # the first sweep right after the first list (orphans of a restart)
+        self._pushed: Inventory | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -95,10 +96,15 @@ class NodeLoop:
     # -- what the gRPC service and the device plugins ask ----------------------------------------
 
     def pending(self, key: str) -> None:
-        """BindAllocation admitted `key` before its pod is bound here."""
+        """BindAllocation is admitting `key` before its pod is bound here (marked before the
+        ledger admits it, so a relist in between keeps it)."""
         with self._lock:
             if key not in self._pods:
                 self._pending[key] = time.monotonic()
+
+    def listed(self) -> bool:
+        """The pods of this node are known: binds can be judged against them."""
+        return self._listed.is_set()
 
     def is_pending(self, key: str) -> bool:
         with self._lock:
@@ -108,15 +114,15 @@ class NodeLoop:
         with self._lock:
             return dict(self._pods)
 
-    def resolve(self, namespace: str, name: str) -> ContainerEdits:
-        """The container edits of a pod on this node (the device plugin's PreStartContainer)."""
+    def resolve(self, namespace: str, name: str, *, wait_s: float = 5.0) -> ContainerEdits:
+        """The container edits of a pod on this node (the device plugin's PreStartContainer).
+        The kubelet may start a container a moment before the pod watch shows the pod here:
+        wait for it (a GET would race the watch's DELETED)."""
         key = f"{namespace}/{name}"
+        deadline = time.monotonic() + wait_s
         alloc = self.ledger.get(key)
-        if alloc is None:
-            pod = self.kube.pod(namespace, name)
-            if pod is None or (pod.get("spec") or {}).get("nodeName") != self.node:
-                raise PodUnknown(f"pod {key} is not bound to node {self.node}")
-            self._seen(pod)
+        while alloc is None and key not in self._refused and time.monotonic() < deadline:
+            self._stop.wait(0.05)
             alloc = self.ledger.get(key)
         if alloc is None:
             why = self._refused.get(key) or f"pod {key} has no {DEVICES_ANNOTATION} record"
@@ -185,13 +191,17 @@ class NodeLoop:
         if grants is None:
             return
         held = self.ledger.get(key)
+        uid = str(meta.get("uid", ""))
+        if held is not None and held.uid and uid and held.uid != uid:
+            self._release(key, keep_pod=True)  # a new pod of the same name: its predecessor is gone
+            held = None
         if held is not None and held.grants != grants:
             if not was_pending:  # the record of a pod the node serves was edited: keep serving the first
                 self._refuse(pod, f"pod {key}: {DEVICES_ANNOTATION} changed after the pod was bound", "Conflict")
                 return
             self.ledger.release(key)  # a BindAllocation whose Binding then carried other devices
         try:
-            self.ledger.bind(key, str(meta.get("uid", "")), grants)
+            self.ledger.bind(key, uid, grants)
             self._refused.pop(key, None)
         except BindRefused as e:
             self._refuse(pod, e.message, e.reason)
@@ -210,9 +220,10 @@ class NodeLoop:
     def _gone(self, pod: JSON) -> None:
         self._release(_key(pod))
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: str, *, keep_pod: bool = False) -> None:
         with self._lock:
-            self._pods.pop(key, None)
+            if not keep_pod:
+                self._pods.pop(key, None)
             self._pending.pop(key, None)
         self._refused.pop(key, None)
         self._evicted.discard(key)
@@ -230,39 +241,56 @@ class NodeLoop:
             self._stop.wait(self.interval_s)
 
     def _tick(self) -> None:
+        """One poll; each step on its own, so one failing (the API server away) never stops the
+        others (the device plugins' health, evictions)."""
         if self.follow_node is not None:
-            self.follow_node(self.kube.node(self.node))
+            _step("follow the node", lambda: self.follow_node(self.kube.node(self.node)))  # type: ignore[misc]
         self.ledger.refresh()
         inventory = self.ledger.inventory
-        text = json.dumps(inventory.to_json(), separators=(",", ":"), sort_keys=True)
-        if text != self._published:
-            annotations = {INVENTORY_ANNOTATION: text}
-            if self.endpoint:
-                annotations[ENDPOINT_ANNOTATION] = self.endpoint
-            self.kube.annotate_node(self.node, annotations)
-            log.info(
-                "inventory published",
-                node=self.node,
-                gpus=len(inventory.gpus),
-                unhealthy=[g.index for g in inventory.gpus if not g.healthy],
-            )
-            self._published = text
-            if self.on_inventory is not None:
-                self.on_inventory(inventory)
-        self._expire_pending()
-        if self.housekeeping is not None and time.monotonic() - self._swept > HOUSEKEEPING_S:
+        if self.on_inventory is not None and inventory != self._pushed:
+            _step("update the device plugins", lambda: self.on_inventory(inventory))  # type: ignore[misc]
+            self._pushed = inventory
+        _step("expire pending binds", self._expire_pending)
+        if self._listed.is_set() and time.monotonic() - self._swept > HOUSEKEEPING_S:
             self._swept = time.monotonic()
-            self.housekeeping()
+            _step("reap orphan slices", self._reap)
+            if self.housekeeping is not None:
+                _step("housekeeping", self.housekeeping)
         if self.evict_unhealthy:
-            self._evict_unhealthy(inventory)
+            _step("evict from unhealthy GPUs", lambda: self._evict_unhealthy(inventory))
+        _step("publish the inventory", lambda: self._publish(inventory))
+
+    def _publish(self, inventory: Inventory) -> None:
+        text = json.dumps(inventory.to_json(), separators=(",", ":"), sort_keys=True)
+        if text == self._published:
+            return
+        annotations = {INVENTORY_ANNOTATION: text}
+        if self.endpoint:
+            annotations[ENDPOINT_ANNOTATION] = self.endpoint
+        self.kube.annotate_node(self.node, annotations)
+        log.info(
+            "inventory published",
+            node=self.node,
+            gpus=len(inventory.gpus),
+            unhealthy=[g.index for g in inventory.gpus if not g.healthy],
+        )
+        self._published = text
+
+    def _reap(self) -> None:
+        reaped = self.ledger.reap()
+        if reaped:
+            log.warning("orphan MIG slices destroyed", node=self.node, slices=reaped)
 
     def _expire_pending(self) -> None:
         now = time.monotonic()
-        with self._lock:
-            expired = [k for k, t in self._pending.items() if now - t > self.pending_grace_s]
+        with self._lock:  # popped under the lock: a pod arriving now is not released after it
+            expired = [k for k, t in self._pending.items() if now - t > self.pending_grace_s and k not in self._pods]
+            for key in expired:
+                del self._pending[key]
         for key in expired:
             log.info("pending allocation expired: its pod was not bound here", pod=key)
-            self._release(key)
+            if self.ledger.release(key) is not None:
+                log.info("allocation released", pod=key)
 
     def _evict_unhealthy(self, inventory: Inventory) -> None:
         sick = {g.index: g.health_reason for g in inventory.gpus if not g.healthy}
@@ -283,6 +311,13 @@ class NodeLoop:
                     self.kube.event(pod=pod, reason="DeviceUnhealthy", message=reason, component=COMPONENT)
             else:
                 log.warning("eviction refused", pod=alloc.key, status=r.status, reason=reason)
+
+
+def _step(what: str, step: Callable[[], object]) -> None:
+    try:
+        step()
+    except Exception as e:
+        log.warning("agent step failed; retried next poll", step=what, error=str(e))
 
 
 def _key(pod: JSON) -> str:

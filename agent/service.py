@@ -86,15 +86,17 @@ class NodeAgentService(pb_grpc.NodeAgentServicer):  # type: ignore[misc]
                 failure_reason=INVALID_RECORD,
                 error_message=f"annotation {DEVICES_ANNOTATION} is missing",
             )
+        if not self.loop.listed():  # after a restart: what the node holds is not known yet
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the agent on {self.node} is still listing its pods")
         held = self.ledger.get(key)
         if held is not None and held.grants != grants and self.loop.is_pending(key):
             self.ledger.release(key)  # a retry of a Binding that never happened, with new devices
+        self.loop.pending(key)  # before the ledger admits it: a relist in between keeps it
         try:
             self.ledger.bind(key, request.annotations.get(POD_UID_ANNOTATION, ""), grants)
         except BindRefused as e:
             log.info("bind refused", pod=key, reason=e.reason, message=e.message)
             return pb.BindResponse(success=False, failure_reason=e.reason, error_message=e.message)
-        self.loop.pending(key)
         return pb.BindResponse(success=True)
 
     def EvictAllocation(self, request: Any, context: grpc.ServicerContext) -> Any:

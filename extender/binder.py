@@ -52,6 +52,11 @@ class Binder:
             meta["annotations"] = {DEVICES_ANNOTATION: record}
             if self.agents is not None:  # raises AgentRefused: nothing was bound
                 self.agents.bind(namespace=namespace, name=name, uid=uid, node=node, record=record)
+                # The agent may take up to its timeout: the fence is checked again right
+                # before the Binding, so a leader deposed meanwhile binds nothing.
+                refusal = self.fence() if self.fence is not None else ""
+                if refusal:
+                    raise Fenced(refusal)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

@@ -485,7 +485,10 @@ class Verbs:
                     self.gangs.bound(pod)
                 log.info("bind answer lost, but the pod is bound", pod=pod.key, node=node)
                 return {"Error": ""}
-            if outcome == NOT_BOUND and gate is None:  # a single pod: forget what this bind assumed
+            # A single pod: forget what this bind assumed. So too for a gang member whose devices
+            # its node's agent refused (an unhealthy or unknown GPU): it would be refused the same
+            # devices at every retry; its next bind chooses again from what the node offers now.
+            if outcome == NOT_BOUND and (gate is None or isinstance(e, AgentRefused)):
                 self.cache.forget(uid, only=assumed)
                 self.sharing.bind_failed(node, devices)  # the packer counted this pod in
             # A gang member keeps its reservation (kube-scheduler retries it onto the same node;

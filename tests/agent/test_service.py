@@ -62,6 +62,7 @@ Served = tuple[Ledger, Any, str]
 def serve(backend: FakeBackend, reviewer: Reviewer | None = None) -> Iterator[Served]:
     ledger = Ledger(backend)
     loop = NodeLoop(None, NODE, ledger)  # type: ignore[arg-type]  # not started: no API calls
+    loop._listed.set()  # as after its first pod list
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_NodeAgentServicer_to_server(NodeAgentService(NODE, ledger, loop, reviewer), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -190,3 +191,24 @@ def test_callers_need_a_token_rbac_allows() -> None:
         with pytest.raises(AgentRefused, match="bob may not create nodeagents"):
             bind(client(endpoint, "weak"), "p", record)
         bind(client(endpoint, "good"), "p", record)
+
+
+def test_binds_wait_until_the_agent_knows_its_pods() -> None:
+    """After a restart, before the first pod list, a bind cannot be judged: UNAVAILABLE (the
+    extender binds without the agent then; the agent re-checks the record when the pod comes)."""
+    ledger = Ledger(FakeBackend.from_node(node()))
+    loop = NodeLoop(None, NODE, ledger)  # type: ignore[arg-type]
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_NodeAgentServicer_to_server(NodeAgentService(NODE, ledger, loop, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            record = json.dumps([{"index": 0, "milli": 1000}])
+            request = pb.BindRequest(allocation_id="ns/p", node_id=NODE, annotations={"phalanx.io/gpu-devices": record})
+            with pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.NodeAgentStub(channel).BindAllocation(request, timeout=5)
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        server.stop(0)
+    assert not ledger.allocations()

@@ -39,6 +39,7 @@ AGENT = ("--set", "nodeAgent.enabled=true", "--set", "nodeAgent.shareResource=fa
 
 Doc = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io/v1"
+ADMISSION = "admissionregistration.k8s.io/v1"
 COLLECTIONS = {
     ("v1", "Namespace"): "/api/v1/namespaces",
     ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
@@ -54,6 +55,8 @@ COLLECTIONS = {
     (RBAC, "Role"): f"/apis/{RBAC}/namespaces/{{ns}}/roles",
     (RBAC, "RoleBinding"): f"/apis/{RBAC}/namespaces/{{ns}}/rolebindings",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    (ADMISSION, "ValidatingAdmissionPolicy"): f"/apis/{ADMISSION}/validatingadmissionpolicies",
+    (ADMISSION, "ValidatingAdmissionPolicyBinding"): f"/apis/{ADMISSION}/validatingadmissionpolicybindings",
 }
 
 
@@ -375,7 +378,7 @@ def test_the_node_agent_renders_a_privileged_daemonset_its_flags_what_the_agent_
     assert mounts.pop("/dev/shm")["path"] == MPS_SHM_DIRECTORY  # the MPS daemon's shared memory
     assert all(path == host["path"] for path, host in mounts.items())
     needed = (args.plugin_dir.rstrip("/"), str(Path(args.pod_resources_socket).parent), args.cdi_dir)
-    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY}
+    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY, str(Path(args.state_file).parent)}
     assert mounts[args.cdi_dir]["type"] == mounts[MPS_PIPE_DIRECTORY]["type"] == "DirectoryOrCreate"
 
     assert rules(docs, "ClusterRole", "phalanx-node-agent") == [

@@ -99,7 +99,7 @@ def test_the_node_agent_manifest_runs_what_the_agent_parses_with_its_host_paths_
     assert mounts.pop("/dev/shm") == MPS_SHM_DIRECTORY  # the MPS daemon's shared memory
     assert all(path == host for path, host in mounts.items())
     needed = (args.plugin_dir.rstrip("/"), str(Path(args.pod_resources_socket).parent), args.cdi_dir)
-    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY}
+    assert set(mounts) == {*needed, MPS_PIPE_DIRECTORY, str(Path(args.state_file).parent)}
 
     role = next(d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "phalanx-node-agent")
     assert rule_set(role["rules"]) == {

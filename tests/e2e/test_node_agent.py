@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
+import yaml
 
 from agent import cdi
 from agent.deviceplugin import GPU_RESOURCE, SHARE_RESOURCE, mig_resource
@@ -122,6 +123,8 @@ class NodeSide:
             str(self.home / "pr.sock"),
             "--cdi-dir",
             str(self.cdi_dir),
+            "--state-file",
+            str(self.home / "pins.json"),
             "--interval",
             "0.5",
             "--pending-grace",
@@ -188,9 +191,46 @@ def sides(cluster: LocalCluster, kube: RestKube) -> Iterator[dict[str, NodeSide]
         shutil.rmtree(base, ignore_errors=True)
 
 
+VAP = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+VAP_BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+AGENT_MANIFEST = ROOT / "deploy" / "kubernetes" / "node-agent" / "node-agent.yaml"
+
+
+def forged(name: str) -> dict[str, Any]:
+    body = gpu_pod(name, "na-one", limits={"nvidia.com/gpu": "1"})
+    body["metadata"]["annotations"] = {DEVICES_ANNOTATION: '[{"index":0,"milli":1000}]'}
+    return body
+
+
+@pytest.fixture(scope="module")
+def guarded(kube: RestKube) -> Iterator[None]:
+    """The shipped ValidatingAdmissionPolicy that keeps device records the Binding's alone."""
+    docs = [d for d in yaml.safe_load_all(AGENT_MANIFEST.read_text()) if d]
+    for doc in docs:
+        collection = {"ValidatingAdmissionPolicy": VAP, "ValidatingAdmissionPolicyBinding": VAP_BINDINGS}.get(
+            doc["kind"]
+        )
+        if collection:
+            r = kube.request("POST", collection, body=doc)
+            assert r.status in (201, 409), r.body
+
+    def refused() -> bool:  # the policy is compiled and served once a forged record is refused
+        r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=forged("probe"), query={"dryRun": "All"})
+        return r.status in (403, 422)
+
+    wait("the device-record policy in force", refused, 60)
+    yield
+    kube.request("DELETE", f"{VAP_BINDINGS}/phalanx-device-records")
+    kube.request("DELETE", f"{VAP}/phalanx-device-records")
+
+
 @pytest.fixture(scope="module")
 def extender(
-    cluster: LocalCluster, kube: RestKube, sides: dict[str, NodeSide], tmp_path_factory: pytest.TempPathFactory
+    cluster: LocalCluster,
+    kube: RestKube,
+    sides: dict[str, NodeSide],
+    guarded: None,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Extender]:
     """The extender with its webhooks on and --gpu-share-resource: pods asking GPUs by
     annotation get their phalanx.io/gpu-share slot at creation."""
@@ -446,3 +486,17 @@ def test_a_restarted_agent_rebuilds_from_the_pods_and_refuses_what_it_does_not_k
             namespace=NS, name="ghost", uid="u", node="na-one", record='[{"index":0,"milli":100}]'
         )
     delete(kube, "keep")
+
+
+def test_only_the_binding_writes_a_device_record(extender: Extender, kube: RestKube) -> None:
+    """A pod created with a record, or given one later, is refused by the shipped policy; the
+    records of the pods Phalanx bound (every test above) came through the Binding."""
+    r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=forged("forged"))
+    assert r.status in (403, 422) and "written by the scheduler's Binding only" in r.body["message"], r.body
+    plain = submit(kube, {"plain": gpu_pod("plain", "na-one", annotations={"gpu-fraction": "0.5"})})["plain"]
+    assert record(plain)  # written by the Binding, through the policy
+    patch = {"metadata": {"annotations": {DEVICES_ANNOTATION: '[{"index":0,"milli":1000}]'}}}
+    r = kube.request(
+        "PATCH", f"/api/v1/namespaces/{NS}/pods/plain", body=patch, content_type="application/merge-patch+json"
+    )
+    assert r.status in (403, 422), r.body
