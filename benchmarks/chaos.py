@@ -302,7 +302,9 @@ def attach(cluster: LocalCluster, log_dir: Path, seed: int = 12) -> Iterator[Har
 def session(nodes: int, seed: int) -> Iterator[Harness]:
     """A control plane of its own with `nodes` KWOK nodes, always torn down."""
     state = Path(tempfile.mkdtemp(prefix="phalanx-chaos-"))
-    cluster = LocalCluster("chaos", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
+    cluster = LocalCluster(
+        "chaos", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True, controller_manager=False)
+    )
     try:
         cluster.up(nodes=False)
         cluster.create_nodes(nodes)

@@ -50,7 +50,9 @@ def kwok_session(
     """A control plane with `nodes` KWOK nodes and a ready extender; `before_extender` runs first
     (e.g. installs a CRD the extender watches)."""
     state = Path(tempfile.mkdtemp(prefix=f"phalanx-{name}-"))
-    cluster = LocalCluster(name, state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
+    cluster = LocalCluster(
+        name, state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True, controller_manager=False)
+    )
     ext = None
     try:
         cluster.up(nodes=False)

@@ -238,7 +238,9 @@ def main() -> None:
     args = ap.parse_args()
     kills = 3 if args.quick else args.kills
     state = Path(tempfile.mkdtemp(prefix="phalanx-failover-"))
-    cluster = LocalCluster("failover", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
+    cluster = LocalCluster(
+        "failover", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True, controller_manager=False)
+    )
     try:
         cluster.up()
         result = run(cluster, state / "replicas", kills)

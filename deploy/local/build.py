@@ -34,12 +34,13 @@ _STAMP = ".stamp"
 
 @dataclass(frozen=True)
 class Binaries:
-    """Absolute paths of the four control-plane executables."""
+    """Absolute paths of the control-plane executables."""
 
     etcd: Path
     kube_apiserver: Path
     kube_scheduler: Path
     kwok: Path
+    kube_controller_manager: Path
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def targets() -> tuple[BuildTarget, ...]:
         BuildTarget(
             "kubernetes",
             KUBERNETES_VERSION,
-            ("kube-apiserver", "kube-scheduler"),
+            ("kube-apiserver", "kube-scheduler", "kube-controller-manager"),
             (
                 *build,
                 f"-ldflags={_kube_ldflags(KUBERNETES_VERSION)}",
@@ -129,6 +130,7 @@ def targets() -> tuple[BuildTarget, ...]:
                 "{out}/",
                 "./cmd/kube-apiserver",
                 "./cmd/kube-scheduler",
+                "./cmd/kube-controller-manager",
             ),
             kube_dir,
             _module_inputs(kube_dir),
@@ -274,4 +276,5 @@ def locate_binaries() -> Binaries:
         kube_apiserver=kube / "kube-apiserver",
         kube_scheduler=kube / "kube-scheduler",
         kwok=bin_root() / f"kwok-{KWOK_VERSION}" / "kwok",
+        kube_controller_manager=kube / "kube-controller-manager",
     )

@@ -1,6 +1,7 @@
 """``LocalCluster``: start the local control plane, inspect it, swap its scheduler, stop it.
 
-Start order is etcd → kube-apiserver → (kube-scheduler, kwok) → fake nodes, and each step waits
+Start order is etcd → kube-apiserver → (kube-controller-manager, kube-scheduler, kwok) → fake
+nodes (the controller manager unless ``ControlPlaneOptions.controller_manager`` is off), and each step waits
 on an observable condition (a health endpoint, the ``default`` namespace, Ready nodes) with a
 deadline; a component that exits while we wait fails the wait at once with its log tail. Ports
 are chosen free at every start and kubeconfigs are rewritten to match. ``up`` on a healthy
@@ -30,6 +31,7 @@ from deploy.local.components import (
     Ports,
     apiserver_argv,
     audit_policy,
+    controller_manager_argv,
     etcd_argv,
     kwok_argv,
     pick_ports,
@@ -53,6 +55,7 @@ from deploy.local.scheduler_config import (
 )
 from deploy.local.state import (
     COMPONENTS,
+    CONTROLLER_MANAGER,
     ClusterRecord,
     ComponentRecord,
     StateLayout,
@@ -327,6 +330,13 @@ class LocalCluster:
             tokens = self._prepare_files(record.apiserver_url)
             self._start_etcd(record, binaries, ports)
             self._start_apiserver(record, binaries.kube_apiserver, ports, tokens)
+            if self.options.controller_manager:
+                argv = controller_manager_argv(
+                    binaries.kube_controller_manager, port=ports.controller_manager, kubeconfig=self.layout.kubeconfig
+                )
+                self._launch(
+                    record, CONTROLLER_MANAGER, binaries.kube_controller_manager, ports.controller_manager, argv
+                )
             self.layout.scheduler_config.write_text(settings.render(self.layout.scheduler_kubeconfig))
             self._launch_scheduler(record, binaries.kube_scheduler, ports.scheduler)
             kwok = kwok_argv(
@@ -339,6 +349,8 @@ class LocalCluster:
             self._launch(record, "kwok", binaries.kwok, ports.kwok, kwok)
             self._wait_healthy(record, "kube-scheduler", self.timeouts.scheduler)
             self._wait_healthy(record, "kwok", self.timeouts.kwok)
+            if self.options.controller_manager:
+                self._wait_healthy(record, CONTROLLER_MANAGER, self.timeouts.scheduler)
         except BaseException:
             self._progress(f"start failed; stopping what was started (logs in {self.state_dir / 'logs'})")
             self._stop_all(record)
@@ -419,6 +431,8 @@ class LocalCluster:
             return http_ok(f"{record.apiserver_url}/readyz", context=context)
         if name == "kube-scheduler":
             return http_ok(f"https://{LOOPBACK}:{port}/readyz", context=tls_context(None))
+        if name == CONTROLLER_MANAGER:
+            return http_ok(f"https://{LOOPBACK}:{port}/healthz", context=tls_context(None))
         return http_ok(f"http://{LOOPBACK}:{port}/healthz")
 
     def _wait_healthy(self, record: ClusterRecord, name: str, timeout: float) -> None:
@@ -433,7 +447,8 @@ class LocalCluster:
         wait_for(healthy, timeout=timeout, what=f"{name} to become healthy")
 
     def _healthy(self, record: ClusterRecord) -> bool:
-        present = set(record.components) == set(COMPONENTS)
+        wanted = set(COMPONENTS) - (set() if self.options.controller_manager else {CONTROLLER_MANAGER})
+        present = set(record.components) == wanted
         return present and all(
             process.is_running(c.pid, Path(c.binary)) and self._probe(record, name)
             for name, c in record.components.items()

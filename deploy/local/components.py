@@ -1,4 +1,4 @@
-"""Command lines of the four control-plane components.
+"""Command lines of the control-plane components.
 
 Everything binds to 127.0.0.1 on ports chosen free at start. Choices that matter:
 
@@ -15,6 +15,13 @@ Everything binds to 127.0.0.1 on ports chosen free at start. Choices that matter
   objects, which 1.37 no longer serves.
 * kube-scheduler serves health on its secure port with an in-memory self-signed certificate.
 * kwok manages only nodes annotated ``kwok.x-k8s.io/node=fake`` and serves ``/healthz``.
+* kube-controller-manager (on by default; :attr:`ControlPlaneOptions.controller_manager`) runs
+  the workload controllers (Job, Deployment, ReplicaSet, StatefulSet, DaemonSet), garbage
+  collection, disruption budgets' status and the rest, without leader election and with its
+  own (admin) credentials. Off: the node-lifecycle controller (KWOK nodes heartbeat on their own
+  schedule; its taints and evictions would only add noise), node IPAM (KWOK hands out pod IPs),
+  the service-account token and CSR-signing controllers and the root-CA publisher (they need
+  keys this cluster keeps to the API server), and taint-based evictions.
 """
 
 from __future__ import annotations
@@ -64,6 +71,10 @@ class ControlPlaneOptions:
     audit_users: tuple[str, ...] = ()
     """Users whose every API call kube-apiserver writes to its audit log (Metadata level, JSON
     lines): the RBAC test compares what Phalanx's service accounts called with their rules."""
+    controller_manager: bool = True
+    """Run kube-controller-manager: Jobs, Deployments and StatefulSets make their pods. Off for
+    suites and benchmarks that make pods by hand (with owners whose controllers would act on
+    them) or measure the scheduler alone."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Ports:
     apiserver: int
     scheduler: int
     kwok: int
+    controller_manager: int = 0
 
 
 def free_port() -> int:
@@ -85,9 +97,9 @@ def free_port() -> int:
 
 
 def pick_ports() -> Ports:
-    """Choose five distinct free ports."""
+    """Choose six distinct free ports."""
     chosen: list[int] = []
-    while len(chosen) < 5:
+    while len(chosen) < 6:
         port = free_port()
         if port not in chosen:
             chosen.append(port)
@@ -192,6 +204,36 @@ def scheduler_argv(
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
         f"--v={options.scheduler_verbosity}",
         *_gates(options.scheduler_feature_gates),
+    ]
+
+
+#: Controllers kube-controller-manager does not run here (see the module docstring).
+CONTROLLERS_OFF = (
+    "node-lifecycle-controller",
+    "node-ipam-controller",
+    "taint-eviction-controller",
+    "device-taint-eviction-controller",
+    "serviceaccount-token-controller",
+    "certificatesigningrequest-signing-controller",
+    "root-ca-certificate-publisher-controller",
+)
+
+
+def controller_manager_argv(binary: Path, *, port: int, kubeconfig: Path) -> list[str]:
+    """Return the kube-controller-manager command line (health on its secure port, served with
+    an in-memory self-signed certificate, as kube-scheduler's)."""
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--bind-address={LOOPBACK}",
+        f"--secure-port={port}",
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        "--leader-elect=false",
+        "--use-service-account-credentials=false",
+        f"--controllers=*,{','.join('-' + c for c in CONTROLLERS_OFF)}",
+        "--v=1",
     ]
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+CONTROLLER_MANAGER = "kube-controller-manager"  # optional (ControlPlaneOptions.controller_manager)
 """Start order; they stop in reverse."""
 
 

@@ -28,7 +28,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         pytest.skip("the Go toolchain is needed to build the local control plane")
     # die_with_parent: a session killed outright (e.g. by a CI timeout) takes its cluster along.
     # The shipped service accounts' calls go to the audit log (test_manifests checks the RBAC).
-    options = ControlPlaneOptions(die_with_parent=True, audit_users=SHIPPED_ACCOUNTS)
+    # No controller manager in this cluster: its suites make pods by hand, some with owners
+    # (suspended Jobs, StatefulSets of 0 replicas) whose controllers would delete them.
+    # tests/e2e/test_controllers.py runs a cluster with it.
+    options = ControlPlaneOptions(die_with_parent=True, audit_users=SHIPPED_ACCOUNTS, controller_manager=False)
     local = LocalCluster("e2e", state_dir_path=tmp_path_factory.mktemp("cluster"), options=options)
     try:
         local.up()
