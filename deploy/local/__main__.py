@@ -13,8 +13,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from deploy.local import controllers
 from deploy.local.build import ensure_binaries, ensure_helm
 from deploy.local.cluster import ClusterStatus, LocalCluster
+from deploy.local.components import ControlPlaneOptions
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME
 from deploy.local.run import DEFAULT_SAMPLES, RunOptions, run
 from deploy.local.scheduler_config import DEFAULT_SCHEDULER_NAME, ManagedResource
@@ -37,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start (or reuse) the cluster and create its nodes")
     up.add_argument("--config", default=str(DEFAULT_CLUSTER_CONFIG), help="cluster description")
     up.add_argument("--no-nodes", action="store_true", help="do not create the fake nodes")
+    up.add_argument(
+        "--controllers",
+        default="",
+        help="workload controllers to build and run beside kube-controller-manager, comma-separated (jobset)",
+    )
     restart = commands.add_parser("restart-scheduler", help="restart kube-scheduler")
     for sub in (up, restart):
         sub.add_argument("--extender-url", help="call this Phalanx extender (else vanilla)")
@@ -69,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="manifest file or folder to apply")
     run.add_argument("--once", action="store_true", help="exit after the placement report")
     run.add_argument("--keep-cluster", action="store_true", help="leave the cluster running on exit")
-    commands.add_parser("build", help="build the control-plane binaries and helm (cached); print their paths")
+    commands.add_parser(
+        "build", help="build the control-plane binaries, helm and the workload controllers (cached); print their paths"
+    )
     commands.add_parser("gomod", help="regenerate the kube wrapper go.mod from kubernetes' own")
     return parser
 
@@ -99,17 +108,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "build":
         print(ensure_binaries(_progress))
         print(f"helm: {ensure_helm(_progress)}")  # for tests/e2e/test_chart.py (charts/phalanx)
+        for spec in controllers.CONTROLLERS.values():  # for tests/e2e/test_controllers.py
+            binary, _ = controllers.ensure(spec, _progress)
+            print(f"{spec.name}: {binary}")
         return 0
     if args.command == "gomod":
         from deploy.local.gomod import regenerate
 
         print(f"wrote {regenerate()}")
         return 0
+    wanted = tuple(n.strip() for n in getattr(args, "controllers", "").split(",") if n.strip())
     cluster = LocalCluster(
         args.name,
         state_dir_path=args.state_dir,
         progress=_progress,
         spec_path=getattr(args, "config", DEFAULT_CLUSTER_CONFIG),
+        options=ControlPlaneOptions(controllers=wanted),
     )
     if args.command in ("up", "restart-scheduler"):
         names: list[str] = args.scheduler_names or [DEFAULT_SCHEDULER_NAME]

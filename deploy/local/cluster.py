@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import yaml
 from kubernetes import client
 
-from deploy.local import credentials, process, stages
+from deploy.local import controllers, credentials, process, stages
 from deploy.local.build import Binaries, ensure_binaries, locate_binaries
 from deploy.local.components import (
     LOOPBACK,
@@ -37,7 +37,7 @@ from deploy.local.components import (
     pick_ports,
     scheduler_argv,
 )
-from deploy.local.kubeapi import new_api_client
+from deploy.local.kubeapi import new_api_client, request_json
 from deploy.local.nodes import (
     CreatedNodes,
     create_node_objects,
@@ -351,10 +351,29 @@ class LocalCluster:
             self._wait_healthy(record, "kwok", self.timeouts.kwok)
             if self.options.controller_manager:
                 self._wait_healthy(record, CONTROLLER_MANAGER, self.timeouts.scheduler)
+            for name in self.options.controllers:
+                self._start_controller(record, name)
         except BaseException:
             self._progress(f"start failed; stopping what was started (logs in {self.state_dir / 'logs'})")
             self._stop_all(record)
             raise
+
+    def _start_controller(self, record: ClusterRecord, name: str) -> None:
+        """Build (cached) and start a workload controller with its CRDs and webhooks."""
+        spec = controllers.CONTROLLERS.get(name)
+        if spec is None:
+            raise ValueError(f"unknown controller {name!r}; known: {', '.join(controllers.CONTROLLERS)}")
+        binary, source = controllers.ensure(spec, self._progress)
+        with self.api_client() as api:
+
+            def apply(doc: dict[str, Any]) -> None:
+                _apply(api, doc)
+
+            prepared = controllers.prepare(
+                spec, binary, source, state=self.state_dir, kubeconfig=self.layout.kubeconfig, apply=apply
+            )
+        self._launch(record, name, binary, prepared.health_port, prepared.argv)
+        self._wait_healthy(record, name, self.timeouts.scheduler)
 
     def _prepare_files(self, server: str) -> credentials.Tokens:
         layout = self.layout
@@ -433,6 +452,8 @@ class LocalCluster:
             return http_ok(f"https://{LOOPBACK}:{port}/readyz", context=tls_context(None))
         if name == CONTROLLER_MANAGER:
             return http_ok(f"https://{LOOPBACK}:{port}/healthz", context=tls_context(None))
+        if name in controllers.CONTROLLERS:
+            return http_ok(f"http://{LOOPBACK}:{port}/readyz")
         return http_ok(f"http://{LOOPBACK}:{port}/healthz")
 
     def _wait_healthy(self, record: ClusterRecord, name: str, timeout: float) -> None:
@@ -448,7 +469,8 @@ class LocalCluster:
 
     def _healthy(self, record: ClusterRecord) -> bool:
         wanted = set(COMPONENTS) - (set() if self.options.controller_manager else {CONTROLLER_MANAGER})
-        present = set(record.components) == wanted
+        # the record may hold more workload controllers than asked (an `up --controllers` before)
+        present = wanted | set(self.options.controllers) <= set(record.components)
         return present and all(
             process.is_running(c.pid, Path(c.binary)) and self._probe(record, name)
             for name, c in record.components.items()
@@ -489,7 +511,8 @@ class LocalCluster:
 
     def _stop_all(self, record: ClusterRecord | None) -> None:
         if record is not None:
-            for name in reversed(COMPONENTS):
+            extra = [n for n in record.components if n not in COMPONENTS]  # workload controllers first
+            for name in [*extra, *reversed(COMPONENTS)]:
                 if name in record.components:
                     self._stop_component(name, record.components[name])
         # Safety net: anything still running from our binaries with this state folder in argv.
@@ -503,6 +526,32 @@ class LocalCluster:
         if record is None or not self._healthy(record):
             raise RuntimeError(f"cluster {self.name!r} is not running (state: {self.state_dir})")
         return record
+
+
+def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
+    """Create a cluster-scoped object (a CRD, a webhook configuration), or replace it; a CRD is
+    waited on until it is Established."""
+    paths = {
+        "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+        "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+    }
+    collection = paths[doc["kind"]]
+    name = doc["metadata"]["name"]
+    created = request_json(api, "POST", collection, body=doc)
+    if created.status == 409:
+        current = request_json(api, "GET", f"{collection}/{name}")
+        doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": current.body["metadata"]["resourceVersion"]}}
+        created = request_json(api, "PUT", f"{collection}/{name}", body=doc)
+    if created.status not in (200, 201):
+        raise RuntimeError(f"applying {doc['kind']} {name}: HTTP {created.status}: {created.body}")
+    if doc["kind"] == "CustomResourceDefinition":
+
+        def established() -> bool:
+            status = request_json(api, "GET", f"{collection}/{name}").body.get("status") or {}
+            return any(c["type"] == "Established" and c["status"] == "True" for c in status.get("conditions") or [])
+
+        wait_for(established, timeout=60, what=f"CRD {name} established")
 
 
 def _settings(

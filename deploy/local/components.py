@@ -71,6 +71,8 @@ class ControlPlaneOptions:
     audit_users: tuple[str, ...] = ()
     """Users whose every API call kube-apiserver writes to its audit log (Metadata level, JSON
     lines): the RBAC test compares what Phalanx's service accounts called with their rules."""
+    controllers: tuple[str, ...] = ()
+    """Workload controllers to build and run beside it (deploy/local/controllers.py: jobset)."""
     controller_manager: bool = True
     """Run kube-controller-manager: Jobs, Deployments and StatefulSets make their pods. Off for
     suites and benchmarks that make pods by hand (with owners whose controllers would act on

@@ -1,9 +1,11 @@
-"""Real workload controllers create the pods; Phalanx places them (issue 16's first step).
+"""Real workload controllers create the pods; Phalanx places them.
 
-This module runs a cluster of its own with kube-controller-manager (the session cluster runs
-without it: its suites make pods by hand, some with owners a controller would act on). Every
-pod here is made by the Job, ReplicaSet or garbage-collector controller, in their own order and
-with their own labels and owner chains, and scheduled by kube-scheduler calling Phalanx.
+This module runs a cluster of its own with kube-controller-manager and the JobSet controller
+(built from sigs.k8s.io/jobset, its CRD and webhooks installed; deploy/local/controllers.py).
+The session cluster runs without them: its suites make pods by hand, some with owners a
+controller would act on. Every pod here is made by the Job, ReplicaSet or JobSet controllers,
+in their own order and with their own labels and owner chains, and scheduled by kube-scheduler
+calling Phalanx.
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ RACK = "topology.phalanx.io/rack"
 JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 PODGROUPS = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NS}/podgroups"
+JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
 
 
 @pytest.fixture(scope="module")
 def controlled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = tmp_path_factory.mktemp("controlled")
-    local = LocalCluster("controlled", state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True))
+    options = ControlPlaneOptions(die_with_parent=True, controllers=("jobset",))
+    local = LocalCluster("controlled", state_dir_path=state, options=options)
     try:
         local.up()
         yield local
@@ -175,3 +179,69 @@ def test_the_controller_manager_runs_in_the_default_local_cluster(controlled: Lo
     running = {c.name: c.running for c in controlled.status().components}
     assert running.get("kube-controller-manager") is True, running
     assert Path(controlled.state_dir / "logs" / "kube-controller-manager.log").stat().st_size > 0
+
+
+def jobset(name: str, workers: int, *, gpus: str = "8") -> dict[str, Any]:
+    pod = template({"app": name}, gpus=gpus, annotations={"kai.scheduler/topology-required-placement": RACK})
+    pod["spec"]["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "workers",
+                    "replicas": 2,
+                    "template": {
+                        "spec": {
+                            "parallelism": workers // 2,
+                            "completions": workers // 2,
+                            "backoffLimit": 0,
+                            "template": pod,
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_a_jobset_made_by_its_controller_is_one_gang_in_one_rack(extender: Extender, kube: RestKube) -> None:
+    """A real JobSet (its controller makes 2 Jobs, the Job controller their 8 pods of 8 GPUs):
+    the Resource Interface makes them one gang of 8, taken from the object (2 replicas x 4),
+    placed whole in one rack; deleting the JobSet takes the Jobs and pods with it."""
+    r = kube.request("POST", JOBSETS, body=jobset("llm", 8))
+    assert r.status == 201, r.body
+    try:
+        placed = wait(
+            "the JobSet's 8 pods bound",
+            lambda: (b := [p for p in pods(kube, "app=llm") if p["spec"].get("nodeName")]) and len(b) == 8 and b,
+            120,
+        )
+        assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] for p in placed} == {"llm"}
+        assert {p["metadata"]["ownerReferences"][0]["kind"] for p in placed} == {"Job"}
+        nodes = {p["spec"]["nodeName"] for p in placed}
+        assert len(nodes) == 8 and len({node_labels(kube, n)[RACK] for n in nodes}) == 1
+        gangs = [g for g in extender.gangs.describe() if "llm" in g["key"]]
+        assert gangs and gangs[0]["minCount"] == 8, gangs  # the size the RI read from the JobSet (2 x 4)
+    finally:
+        kube.request("DELETE", f"{JOBSETS}/llm", query={"propagationPolicy": "Foreground"})
+    wait("the JobSet's pods collected", lambda: not pods(kube, "app=llm"), 90)
+
+
+def test_a_jobset_too_big_for_any_rack_waits_whole_with_its_reason(extender: Extender, kube: RestKube) -> None:
+    """12 pods of 8 GPUs must share one rack of 8 nodes: none is bound, and the gang says why."""
+    r = kube.request("POST", JOBSETS, body=jobset("huge", 12))
+    assert r.status == 201, r.body
+    try:
+        explained = wait(
+            "the gang's reason",
+            lambda: [g for g in extender.gangs.describe() if "huge" in g["key"] and g.get("pendingReason")],
+            90,
+        )
+        assert "rack" in str(explained[0]["pendingReason"]) and explained[0]["minCount"] == 12, explained
+        assert not [p for p in pods(kube, "app=huge") if p["spec"].get("nodeName")]
+    finally:
+        kube.request("DELETE", f"{JOBSETS}/huge", query={"propagationPolicy": "Foreground"})
+    wait("the JobSet's pods collected", lambda: not pods(kube, "app=huge"), 90)
