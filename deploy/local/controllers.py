@@ -1,4 +1,5 @@
-"""Workload controllers beside the control plane, built from their Go modules: JobSet.
+"""Workload controllers beside the control plane, built from their Go modules: JobSet and
+LeaderWorkerSet.
 
 Each controller is built like the control plane (cached in ``~/.cache/phalanx/bin``): its module
 is downloaded at a pinned version (``go mod download``, as the proxy refuses version lists) and
@@ -7,7 +8,8 @@ its ``main`` package built in the unpacked source. Started by ``LocalCluster`` w
 after kube-controller-manager (JobSets make Jobs, whose pods the Job controller makes):
 
 * its real CRDs, from the module (``config/components/crd/bases``);
-* its webhooks, which it needs (JobSet's defaulting and validation of JobSets and of its pods),
+* its webhooks, which it needs (defaulting and validation of its objects and of its pods; LWS's
+  pod webhook writes the group labels),
   served on a loopback port with a self-signed certificate for 127.0.0.1 (``openssl``), and
   registered with ``url`` client configurations carrying that certificate as CA; internal
   certificate management and leader election off; the pod webhooks limited to the controller's
@@ -38,15 +40,18 @@ class ControllerSpec:
     name: str
     module: str
     version: str
+    config_api: str  # apiVersion of its Configuration file (kubebuilder controllers share its shape)
     crds: str  # folder of CRD files inside the module
     webhooks: str  # the webhook configurations file inside the module
     webhook_patches: tuple[str, ...] = ()  # JSON-patch files (kustomize patches) applied to it
+    main: str = "."  # its main package, relative to the module
 
 
 JOBSET = ControllerSpec(
     name="jobset",
     module="sigs.k8s.io/jobset",
     version="v0.10.1",
+    config_api="config.jobset.x-k8s.io/v1alpha1",
     crds="config/components/crd/bases",
     webhooks="config/components/webhook/manifests.yaml",
     webhook_patches=(
@@ -54,7 +59,17 @@ JOBSET = ControllerSpec(
         "config/components/webhook/patches/validating-patch.yaml",
     ),
 )
-CONTROLLERS = {c.name: c for c in (JOBSET,)}
+LWS = ControllerSpec(
+    name="lws",
+    module="sigs.k8s.io/lws",
+    version="v0.7.0",
+    config_api="config.lws.x-k8s.io/v1alpha1",
+    crds="config/crd/bases",
+    webhooks="config/webhook/manifests.yaml",
+    webhook_patches=("config/webhook/mutating-patch.yaml", "config/webhook/validating-patch.yaml"),
+    main="./cmd",
+)
+CONTROLLERS = {c.name: c for c in (JOBSET, LWS)}
 
 
 def module_dir(spec: ControllerSpec) -> Path:
@@ -66,7 +81,7 @@ def module_dir(spec: ControllerSpec) -> Path:
 
 
 def target(spec: ControllerSpec, source: Path) -> BuildTarget:
-    build = ("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", f"{{out}}/{spec.name}", ".")
+    build = ("go", "build", "-trimpath", "-buildvcs=false", "-ldflags=-s -w", "-o", f"{{out}}/{spec.name}", spec.main)
     return BuildTarget(spec.name, spec.version, (spec.name,), build, source, ())
 
 
@@ -123,7 +138,7 @@ def prepare(
     for doc in webhook_configurations(spec, source, f"https://{LOOPBACK}:{webhook_port}", ca):
         apply(doc)
     config = {
-        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "apiVersion": spec.config_api,
         "kind": "Configuration",
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},

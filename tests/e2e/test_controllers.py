@@ -1,7 +1,8 @@
 """Real workload controllers create the pods; Phalanx places them.
 
-This module runs a cluster of its own with kube-controller-manager and the JobSet controller
-(built from sigs.k8s.io/jobset, its CRD and webhooks installed; deploy/local/controllers.py).
+This module runs a cluster of its own with kube-controller-manager and the JobSet and
+LeaderWorkerSet controllers (built from their modules, their CRDs and webhooks installed;
+deploy/local/controllers.py).
 The session cluster runs without them: its suites make pods by hand, some with owners a
 controller would act on. Every pod here is made by the Job, ReplicaSet or JobSet controllers,
 in their own order and with their own labels and owner chains, and scheduled by kube-scheduler
@@ -32,12 +33,13 @@ JOBS = f"/apis/batch/v1/namespaces/{NS}/jobs"
 DEPLOYMENTS = f"/apis/apps/v1/namespaces/{NS}/deployments"
 PODGROUPS = f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NS}/podgroups"
 JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
+LWSS = f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets"
 
 
 @pytest.fixture(scope="module")
 def controlled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = tmp_path_factory.mktemp("controlled")
-    options = ControlPlaneOptions(die_with_parent=True, controllers=("jobset",))
+    options = ControlPlaneOptions(die_with_parent=True, controllers=("jobset", "lws"))
     local = LocalCluster("controlled", state_dir_path=state, options=options)
     try:
         local.up()
@@ -245,3 +247,45 @@ def test_a_jobset_too_big_for_any_rack_waits_whole_with_its_reason(extender: Ext
     finally:
         kube.request("DELETE", f"{JOBSETS}/huge", query={"propagationPolicy": "Foreground"})
     wait("the JobSet's pods collected", lambda: not pods(kube, "app=huge"), 90)
+
+
+def test_leaderworkersets_groups_are_gangs_each_in_one_rack_and_scale_up(extender: Extender, kube: RestKube) -> None:
+    """A LeaderWorkerSet of 2 groups of 4 pods x 8 GPUs: the LWS controller makes the leader
+    StatefulSet, each leader its workers' StatefulSet (the StatefulSet controller makes the pods,
+    the LWS pod webhook labels them). Each group is one gang, whole in one rack; scaled to 3
+    groups, the third is placed the same way."""
+    pod = template({"app": "serve"}, gpus="8", annotations={"kai.scheduler/topology-required-placement": RACK})
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "serve", "namespace": NS},
+        "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 4, "workerTemplate": pod}},
+    }
+    r = kube.request("POST", LWSS, body=lws)
+    assert r.status == 201, r.body
+
+    def groups(n: int) -> dict[str, list[dict[str, Any]]] | None:
+        bound = [p for p in pods(kube, "app=serve") if p["spec"].get("nodeName")]
+        by_group: dict[str, list[dict[str, Any]]] = {}
+        for p in bound:
+            by_group.setdefault(p["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/group-index"], []).append(p)
+        return by_group if len(bound) == 4 * n and len(by_group) == n else None
+
+    try:
+        for n in (2, 3):
+            placed = wait(f"{n} groups of 4 bound", lambda n=n: groups(n), 120)
+            for members in placed.values():
+                nodes = {p["spec"]["nodeName"] for p in members}
+                assert len(nodes) == 4 and len({node_labels(kube, x)[RACK] for x in nodes}) == 1
+            if n == 2:
+                r = kube.request(
+                    "PATCH",
+                    f"{LWSS}/serve",
+                    body={"spec": {"replicas": 3}},
+                    content_type="application/merge-patch+json",
+                )
+                assert r.status == 200, r.body
+        assert {p["metadata"]["ownerReferences"][0]["kind"] for p in pods(kube, "app=serve")} == {"StatefulSet"}
+    finally:
+        kube.request("DELETE", f"{LWSS}/serve", query={"propagationPolicy": "Foreground"})
+    wait("the groups collected", lambda: not pods(kube, "app=serve"), 120)
