@@ -1,4 +1,5 @@
-"""The extender's side of the node agents: `BindAllocation` before each Binding of a GPU pod.
+"""The extender's side of the node agents: `BindAllocation` before each Binding of a GPU pod,
+`EvictAllocation` for the pods preemption and reclaim evict.
 
 Where a node agent runs (agent/), its Node carries `phalanx.io/agent-endpoint` (host:port of
 the seed's `NodeAgent` gRPC service, rpc/nodeagent.proto). Before the Binding, the binder asks
@@ -94,3 +95,26 @@ class Agents:
             return
         if not reply.success:
             raise AgentRefused(node, reply.failure_reason, reply.error_message)
+
+    def evict(self, *, namespace: str, name: str, node: str, reason: str) -> str | None:
+        """Evict a pod through its node's agent (`EvictAllocation`: an Eviction with the pod's
+        own grace period, so budgets hold). "" when the agent evicted it; None when the node has
+        no agent, it does not answer or it did not evict (a budget, a pod it has not seen yet):
+        the caller then evicts directly, and the API server's answer is the one reported."""
+        endpoint = self.endpoint_of(node) if node else ""
+        if not endpoint:
+            return None
+        request = pb.EvictRequest(
+            allocation_id=f"{namespace}/{name}", node_id=node, grace_period_seconds=-1, reason=reason
+        )
+        authorization = self.authorization()
+        metadata = (("authorization", authorization),) if authorization else ()
+        try:
+            reply = self._stub(endpoint).EvictAllocation(request, timeout=self.timeout_s, metadata=metadata)
+        except grpc.RpcError as e:
+            log.warning("node agent not reached; evicting directly", node=node, endpoint=endpoint, error=str(e)[:300])
+            return None
+        if not reply.success:
+            log.info("node agent did not evict; evicting directly", node=node, error=reply.error_message)
+            return None
+        return ""

@@ -86,14 +86,19 @@ class Binder:
             time.sleep(0.1 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False) -> str:
-        """Evict a pod through the Eviction API (policy/v1), so PodDisruptionBudgets hold:
+    def evict(self, namespace: str, name: str, uid: str, *, dry_run: bool = False, node: str = "") -> str:
+        """Evict a pod through the Eviction API (policy/v1), so PodDisruptionBudgets hold; on a
+        node with an agent, through the agent's EvictAllocation first (extender/agents.py):
         "" when accepted (or the pod is gone already), else why not (a budget's 429 included).
         The uid precondition keeps a pod recreated under the same name safe. Fenced like a
         bind: a replica that does not lead evicts nothing."""
         refusal = self.fence() if self.fence is not None else ""
         if refusal:
             return f"eviction of {namespace}/{name} not sent: {refusal}"
+        if not dry_run and self.agents is not None:  # the node's agent ends it (EvictAllocation)
+            answer = self.agents.evict(namespace=namespace, name=name, node=node, reason="preempted by Phalanx")
+            if answer is not None:
+                return answer
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",

@@ -273,7 +273,7 @@ class Preemptor:
         evicted = 0
         refused = ""
         for pod in decision.victims:
-            why = self.binder.evict(pod.namespace, pod.name, pod.uid)
+            why = self.binder.evict(pod.namespace, pod.name, pod.uid, node=pod.node)
             if why:
                 log.warning("eviction refused after its dry run", pod=pod.key, reason=why)
                 refused = refused or why

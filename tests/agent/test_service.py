@@ -212,3 +212,38 @@ def test_binds_wait_until_the_agent_knows_its_pods() -> None:
     finally:
         server.stop(0)
     assert not ledger.allocations()
+
+
+class Evictions:
+    """The API server's Eviction endpoint, as the agent calls it (agent/kube.py)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, int | None, str]] = []
+
+    def evict(self, namespace: str, name: str, *, grace_s: int | None, uid: str = "") -> Any:
+        from agent.kube import Response
+
+        self.sent.append((namespace, name, grace_s, uid))
+        return Response(201, {})
+
+
+def test_the_extender_evicts_through_the_agent_of_the_pods_node() -> None:
+    """Preemption on a node with an agent: EvictAllocation, an Eviction with the pod's own grace
+    period and its UID as precondition; a pod the agent has not seen falls back (None)."""
+    ledger = Ledger(FakeBackend.from_node(node()))
+    api = Evictions()
+    loop = NodeLoop(api, NODE, ledger)  # type: ignore[arg-type]
+    loop._listed.set()
+    loop._pods["ns/victim"] = {"metadata": {"name": "victim", "namespace": "ns", "uid": "u-v"}, "spec": {}}
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_NodeAgentServicer_to_server(NodeAgentService(NODE, ledger, loop, None), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        agents = client(f"127.0.0.1:{port}")
+        assert agents.evict(namespace="ns", name="victim", node=NODE, reason="preempted") == ""
+        assert api.sent == [("ns", "victim", None, "u-v")]
+        assert agents.evict(namespace="ns", name="stranger", node=NODE, reason="preempted") is None
+        assert agents.evict(namespace="ns", name="victim", node="no-agent", reason="preempted") is None
+    finally:
+        server.stop(0)

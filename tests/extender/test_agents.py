@@ -136,3 +136,23 @@ def test_a_cpu_pod_is_bound_without_asking_the_agent() -> None:
 def test_a_node_without_an_agent_is_not_dialled() -> None:
     agents = Agents(lambda node: "", lambda: None)
     agents.bind(namespace="default", name="p", uid="u", node="n1", record="[]")  # returns, nothing to dial
+
+
+class Evicting:
+    """An Agents stand-in whose agent evicts, to pin that the binder then sends nothing."""
+
+    def __init__(self, answer: str | None) -> None:
+        self.answer = answer
+
+    def evict(self, **_: Any) -> str | None:
+        return self.answer
+
+
+@pytest.mark.parametrize(("answer", "api_calls"), [("", 0), (None, 1)], ids=["the agent evicted", "no agent"])
+def test_a_preemption_eviction_goes_through_the_nodes_agent_first(answer: str | None, api_calls: int) -> None:
+    kube = FakeKube()
+    binder = Binder(kube, agents=Evicting(answer))  # type: ignore[arg-type]
+    assert binder.evict("default", "victim", "uid-v", node="n1") == ""
+    assert len([c for c in kube.calls if c[1].endswith("/eviction")]) == api_calls
+    binder.evict("default", "victim", "uid-v", dry_run=True, node="n1")  # a dry run never goes to an agent
+    assert len([c for c in kube.calls if c[1].endswith("/eviction")]) == api_calls + 1
