@@ -47,6 +47,7 @@ from deploy.local.nodes import (
     ready_node_names,
 )
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME, state_dir
+from deploy.local.replicas import collection
 from deploy.local.scheduler_config import (
     DEFAULT_SCHEDULER_NAME,
     ExtenderTLS,
@@ -529,29 +530,20 @@ class LocalCluster:
 
 
 def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
-    """Create a cluster-scoped object (a CRD, a webhook configuration), or replace it; a CRD is
-    waited on until it is Established."""
-    paths = {
-        "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-        "MutatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration": "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-    }
-    collection = paths[doc["kind"]]
-    name = doc["metadata"]["name"]
-    created = request_json(api, "POST", collection, body=doc)
-    if created.status == 409:
-        current = request_json(api, "GET", f"{collection}/{name}")
-        doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": current.body["metadata"]["resourceVersion"]}}
-        created = request_json(api, "PUT", f"{collection}/{name}", body=doc)
-    if created.status not in (200, 201):
-        raise RuntimeError(f"applying {doc['kind']} {name}: HTTP {created.status}: {created.body}")
+    """Server-side apply of a cluster-scoped object (a CRD, a webhook configuration), as
+    replicas.apply does; a CRD is waited on until it is Established."""
+    path = f"{collection(doc)}/{doc['metadata']['name']}"
+    query = {"fieldManager": "phalanx-local", "force": "true"}
+    applied = request_json(api, "PATCH", path, body=doc, query=query, content_type="application/apply-patch+yaml")
+    if applied.status not in (200, 201):
+        raise RuntimeError(f"applying {doc['kind']} {doc['metadata']['name']}: HTTP {applied.status}: {applied.body}")
     if doc["kind"] == "CustomResourceDefinition":
 
         def established() -> bool:
-            status = request_json(api, "GET", f"{collection}/{name}").body.get("status") or {}
+            status = request_json(api, "GET", path).body.get("status") or {}
             return any(c["type"] == "Established" and c["status"] == "True" for c in status.get("conditions") or [])
 
-        wait_for(established, timeout=60, what=f"CRD {name} established")
+        wait_for(established, timeout=60, what=f"CRD {doc['metadata']['name']} established")
 
 
 def _settings(

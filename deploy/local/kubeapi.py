@@ -31,12 +31,13 @@ def request_json(
     *,
     body: Mapping[str, Any] | None = None,
     query: Mapping[str, str] | None = None,
+    content_type: str = "application/json",
 ) -> RawResponse:
     """Send one request to ``path`` (e.g. ``/api/v1/nodes``) and return the raw response.
 
     Error statuses are returned, not raised; callers decide which ones are expected.
     """
-    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    headers = {"Accept": "application/json", "Content-Type": content_type}
     params = api_client.param_serialize(
         method=method,
         resource_path=path,

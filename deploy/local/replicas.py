@@ -42,6 +42,16 @@ PATHS = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    **{
+        ("admissionregistration.k8s.io/v1", kind): f"/apis/admissionregistration.k8s.io/v1/{plural}"
+        for kind, plural in (
+            ("MutatingWebhookConfiguration", "mutatingwebhookconfigurations"),
+            ("ValidatingWebhookConfiguration", "validatingwebhookconfigurations"),
+            ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+            ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings"),
+        )
+    },
 }
 
 

@@ -20,6 +20,7 @@ import yaml
 from deploy.local import replicas
 from deploy.local.build import ensure_helm, locate_binaries
 from deploy.local.cluster import LocalCluster
+from deploy.local.replicas import PATHS
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -39,25 +40,6 @@ AGENT = ("--set", "nodeAgent.enabled=true", "--set", "nodeAgent.shareResource=fa
 
 Doc = dict[str, Any]
 RBAC = "rbac.authorization.k8s.io/v1"
-ADMISSION = "admissionregistration.k8s.io/v1"
-COLLECTIONS = {
-    ("v1", "Namespace"): "/api/v1/namespaces",
-    ("v1", "ServiceAccount"): "/api/v1/namespaces/{ns}/serviceaccounts",
-    ("v1", "ConfigMap"): "/api/v1/namespaces/{ns}/configmaps",
-    ("v1", "Secret"): "/api/v1/namespaces/{ns}/secrets",
-    ("v1", "Service"): "/api/v1/namespaces/{ns}/services",
-    ("apps/v1", "Deployment"): "/apis/apps/v1/namespaces/{ns}/deployments",
-    ("apps/v1", "DaemonSet"): "/apis/apps/v1/namespaces/{ns}/daemonsets",
-    ("policy/v1", "PodDisruptionBudget"): "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets",
-    ("networking.k8s.io/v1", "NetworkPolicy"): "/apis/networking.k8s.io/v1/namespaces/{ns}/networkpolicies",
-    (RBAC, "ClusterRole"): f"/apis/{RBAC}/clusterroles",
-    (RBAC, "ClusterRoleBinding"): f"/apis/{RBAC}/clusterrolebindings",
-    (RBAC, "Role"): f"/apis/{RBAC}/namespaces/{{ns}}/roles",
-    (RBAC, "RoleBinding"): f"/apis/{RBAC}/namespaces/{{ns}}/rolebindings",
-    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-    (ADMISSION, "ValidatingAdmissionPolicy"): f"/apis/{ADMISSION}/validatingadmissionpolicies",
-    (ADMISSION, "ValidatingAdmissionPolicyBinding"): f"/apis/{ADMISSION}/validatingadmissionpolicybindings",
-}
 
 
 @dataclass(frozen=True)
@@ -535,7 +517,7 @@ def _dry_run(kube: RestKube, doc: Doc) -> None:
     """Create with dryRun=All and strict field validation (unknown or duplicate fields fail); an
     object that exists already (409) is validated as an update by a dry-run server-side apply."""
     meta = doc["metadata"]
-    collection = COLLECTIONS[(doc["apiVersion"], doc["kind"])].format(ns=meta.get("namespace", ""))
+    collection = PATHS[(doc["apiVersion"], doc["kind"])].format(ns=meta.get("namespace", ""))
     query = {"dryRun": "All", "fieldValidation": "Strict"}
     r = kube.request("POST", collection, body=doc, query=query)
     if r.status == 409:

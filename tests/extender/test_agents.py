@@ -135,7 +135,9 @@ def test_a_cpu_pod_is_bound_without_asking_the_agent() -> None:
 
 def test_a_node_without_an_agent_is_not_dialled() -> None:
     agents = Agents(lambda node: "", lambda: None)
-    agents.bind(namespace="default", name="p", uid="u", node="n1", record="[]")  # returns, nothing to dial
+    agents.bind(namespace="default", name="p", uid="u", node="n1", record="[]")
+    assert agents.evict(namespace="default", name="p", node="n1", reason="r") is None  # the caller evicts
+    assert not agents._stubs  # no channel was opened
 
 
 class Evicting:
