@@ -18,7 +18,7 @@ from deploy.local.build import ensure_binaries, ensure_helm
 from deploy.local.cluster import ClusterStatus, LocalCluster
 from deploy.local.components import ControlPlaneOptions
 from deploy.local.paths import DEFAULT_CLUSTER_CONFIG, DEFAULT_CLUSTER_NAME
-from deploy.local.run import DEFAULT_SAMPLES, RunOptions, run
+from deploy.local.run import DEFAULT_SAMPLES, RUN_CONTROLLERS, RunOptions, run
 from deploy.local.scheduler_config import DEFAULT_SCHEDULER_NAME, ManagedResource
 
 
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--controllers",
         default="",
-        help="workload controllers to build and run beside kube-controller-manager, comma-separated (jobset)",
+        help="workload controllers to build and run beside kube-controller-manager, comma-separated, from: "
+        + ", ".join(controllers.CONTROLLERS),
     )
     restart = commands.add_parser("restart-scheduler", help="restart kube-scheduler")
     for sub in (up, restart):
@@ -76,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--samples", default=str(DEFAULT_SAMPLES), help="manifest file or folder to apply")
     run.add_argument("--once", action="store_true", help="exit after the placement report")
     run.add_argument("--keep-cluster", action="store_true", help="leave the cluster running on exit")
+    run.add_argument(
+        "--controllers",
+        default=",".join(RUN_CONTROLLERS),
+        help="workload controllers to run (default: what the samples need)",
+    )
     commands.add_parser(
         "build", help="build the control-plane binaries, helm and the workload controllers (cached); print their paths"
     )

@@ -11,6 +11,7 @@ partly running one it stops the leftovers and starts afresh on the same etcd dat
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -169,6 +170,7 @@ class LocalCluster:
         cluster's kube-scheduler is restarted only if its configuration would change.
         """
         settings = _settings(extender_url, managed_resources, scheduler_names, ignored_resources)
+        controllers.with_requirements(self.options.controllers)  # an unknown name fails before anything starts
         with locked(self.layout):
             record = load_record(self.layout)
             if record is not None and self._healthy(record):
@@ -352,7 +354,7 @@ class LocalCluster:
             self._wait_healthy(record, "kwok", self.timeouts.kwok)
             if self.options.controller_manager:
                 self._wait_healthy(record, CONTROLLER_MANAGER, self.timeouts.scheduler)
-            for name in self.options.controllers:
+            for name in controllers.with_requirements(self.options.controllers):
                 self._start_controller(record, name)
         except BaseException:
             self._progress(f"start failed; stopping what was started (logs in {self.state_dir / 'logs'})")
@@ -361,20 +363,44 @@ class LocalCluster:
 
     def _start_controller(self, record: ClusterRecord, name: str) -> None:
         """Build (cached) and start a workload controller with its CRDs and webhooks."""
-        spec = controllers.CONTROLLERS.get(name)
-        if spec is None:
-            raise ValueError(f"unknown controller {name!r}; known: {', '.join(controllers.CONTROLLERS)}")
+        spec = controllers.CONTROLLERS[name]
         binary, source = controllers.ensure(spec, self._progress)
         with self.api_client() as api:
 
             def apply(doc: dict[str, Any]) -> None:
-                _apply(api, doc)
+                apply_object(api, doc)
 
             prepared = controllers.prepare(
-                spec, binary, source, state=self.state_dir, kubeconfig=self.layout.kubeconfig, apply=apply
+                spec,
+                binary,
+                source,
+                state=self.state_dir,
+                kubeconfig=self.layout.kubeconfig,
+                apply=apply,
+                environ=os.environ,
             )
-        self._launch(record, name, binary, prepared.health_port, prepared.argv)
-        self._wait_healthy(record, name, self.timeouts.scheduler)
+            self._launch(record, name, binary, prepared.health_port, prepared.argv, env=prepared.env)
+            self._wait_healthy(record, name, self.timeouts.scheduler)
+            for doc in controllers.documents(source, spec.manifests):
+                apply(doc)
+
+    def start_controller(self, name: str) -> None:
+        """Start a workload controller (and those it needs) in the running cluster, installing its
+        CRDs and webhooks then; one already running is left alone."""
+        with locked(self.layout):
+            record = self._require_record()
+            for needed in controllers.with_requirements((name,)):
+                if needed not in record.components:
+                    self._start_controller(record, needed)
+
+    def restart_controller(self, name: str) -> None:
+        """Stop a workload controller (SIGTERM, then SIGKILL) and start it again, as a restarted
+        controller pod would: its informers relist and it reconciles from what the API server
+        holds."""
+        with locked(self.layout):
+            record = self._require_record()
+            self._stop_component(name, record.components[name])
+            self._start_controller(record, name)
 
     def _prepare_files(self, server: str) -> credentials.Tokens:
         layout = self.layout
@@ -430,9 +456,17 @@ class LocalCluster:
             what="namespace default",
         )
 
-    def _launch(self, record: ClusterRecord, name: str, binary: Path, port: int, argv: list[str]) -> None:
+    def _launch(
+        self,
+        record: ClusterRecord,
+        name: str,
+        binary: Path,
+        port: int,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+    ) -> None:
         log = self.layout.log(name)
-        launched = process.start(argv, log_path=log, die_with_parent=self.options.die_with_parent)
+        launched = process.start(argv, log_path=log, env=env, die_with_parent=self.options.die_with_parent)
         self._handles[name] = launched
         record.components[name] = ComponentRecord(pid=launched.pid, binary=str(binary), port=port, log=str(log))
         save_record(self.layout, record)
@@ -454,7 +488,7 @@ class LocalCluster:
         if name == CONTROLLER_MANAGER:
             return http_ok(f"https://{LOOPBACK}:{port}/healthz", context=tls_context(None))
         if name in controllers.CONTROLLERS:
-            return http_ok(f"http://{LOOPBACK}:{port}/readyz")
+            return http_ok(f"http://{LOOPBACK}:{port}{controllers.CONTROLLERS[name].health_path}")
         return http_ok(f"http://{LOOPBACK}:{port}/healthz")
 
     def _wait_healthy(self, record: ClusterRecord, name: str, timeout: float) -> None:
@@ -471,7 +505,7 @@ class LocalCluster:
     def _healthy(self, record: ClusterRecord) -> bool:
         wanted = set(COMPONENTS) - (set() if self.options.controller_manager else {CONTROLLER_MANAGER})
         # the record may hold more workload controllers than asked (an `up --controllers` before)
-        present = wanted | set(self.options.controllers) <= set(record.components)
+        present = wanted | set(controllers.with_requirements(self.options.controllers)) <= set(record.components)
         return present and all(
             process.is_running(c.pid, Path(c.binary)) and self._probe(record, name)
             for name, c in record.components.items()
@@ -529,7 +563,7 @@ class LocalCluster:
         return record
 
 
-def _apply(api: client.ApiClient, doc: dict[str, Any]) -> None:
+def apply_object(api: client.ApiClient, doc: dict[str, Any]) -> None:
     """Server-side apply of a cluster-scoped object (a CRD, a webhook configuration), as
     replicas.apply does; a CRD is waited on until it is Established."""
     path = f"{collection(doc)}/{doc['metadata']['name']}"

@@ -43,6 +43,9 @@ PATHS = {
     ("rbac.authorization.k8s.io/v1", "Role"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): (
+        "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+    ),
     **{
         ("admissionregistration.k8s.io/v1", kind): f"/apis/admissionregistration.k8s.io/v1/{plural}"
         for kind, plural in (

@@ -83,6 +83,26 @@ def test_a_pod_seen_before_its_job_waits_and_is_re_keyed_when_the_job_arrives(ex
     assert keyed(ext)[uid].startswith("ri:")
 
 
+def test_the_gang_takes_the_topology_a_member_states_whichever_member_resolves_it(ext: Extender) -> None:
+    """An MPI launcher or a Ray head states no topology while its workers do: the gang is in one
+    rack whether the launcher or a worker is resolved first."""
+    cr, job, first = jobset_objects()
+    second = copy.deepcopy(first)
+    second["metadata"] |= {"name": "llm-workers-0-1", "uid": "pod-2"}
+    second["metadata"].setdefault("annotations", {})["kai.scheduler/topology-required-placement"] = "rack"
+    ext._ri_event(JOBSET, "ADDED", cr)
+    ext._ri_event(JOB, "ADDED", job)
+    for pod in (first, second):
+        ext.cache.pod_event("ADDED", pod)
+    key = keyed(ext)[first["metadata"]["uid"]]
+    members = [ext.cache.pod(first["metadata"]["uid"]), ext.cache.pod("pod-2")]
+    assert all(members)
+    for resolving in members:
+        assert resolving is not None
+        resolution = ext.ri.resolve(resolving, key, [m for m in members if m is not None])
+        assert resolution.spec is not None and resolution.spec.topology.required == "rack"
+
+
 def test_plain_pods_and_pods_of_unwatched_owners_are_not_gang_members(ext: Extender) -> None:
     _, _, pod = jobset_objects()
     pod["metadata"]["ownerReferences"] = [
