@@ -1,0 +1,40 @@
+"""`make run` end to end: `python -m deploy.local run --once` on a cluster of its own, as a new
+user runs it (kube-controller-manager and the JobSet controller make the samples' pods)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy.local.paths import REPO_ROOT
+
+pytestmark = pytest.mark.e2e
+
+
+def test_make_run_places_the_samples_and_prints_each_gang(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    argv = [sys.executable, "-m", "deploy.local", "--name", "run-e2e", "--state-dir", str(tmp_path), "run", "--once"]
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = done.stdout
+    assert done.returncode == 0, out[-4000:] + done.stderr[-4000:]
+    rows = {m[0]: m[1:] for m in re.findall(r"^(\S+)\s+(\S+)\s+(\S+)\s+(.*)$", out, re.MULTILINE)}
+    # the training JobSet: 8 workers of 8 GPUs, one per node, all in one rack, one gang
+    workers = {k: v for k, v in rows.items() if k.startswith("llm-pretrain-workers-")}
+    assert len(workers) == 8 and all(v[2] == "GPUs 0-7" for v in workers.values()), workers
+    assert len({v[0] for v in workers.values()}) == 8 and len({v[1] for v in workers.values()}) == 1
+    (rack,) = {v[1] for v in workers.values()}
+    assert re.search(rf"^JobSet/llm-pretrain\s+{rack}\s+bound 8 of 8 pending members .*1 rack.* ms\)$", out, re.M), out
+    # the fractional Deployment's 4 halves and the single shares (0.5, 0.25, 0.3 and 10 GiB):
+    # 3.05 GPUs of compute, packed onto 4 GPUs of one node
+    sharing = ("chat-infer-", "notebook-half-gpu", "infer-quarter-gpu", "hami-style-20gib", "infer-10gib")
+    shares = [(v[0], v[2].split(":")[0]) for k, v in rows.items() if k.startswith(sharing)]
+    assert len(shares) == 8 and len({node for node, _ in shares}) == 1 and len(set(shares)) == 4, shares
+    # the gang too big for any rack: nothing bound, and why
+    assert re.search(r"^JobSet/too-big-for-a-rack\s+-\s+waiting \(0/12 bound.*one rack", out, re.M), out
+    assert all(v[0] == "-" for k, v in rows.items() if k.startswith("too-big-for-a-rack-"))
+    assert "cluster 'run-e2e' is down" in out
