@@ -1,6 +1,6 @@
 """Workload controllers beside the control plane, built from their Go modules: JobSet,
 LeaderWorkerSet, Kubeflow Trainer, the Kubeflow training-operator (PyTorchJob), the MPI
-operator and KubeRay.
+operator, KubeRay and KServe.
 
 Each controller is built like the control plane (cached in ``~/.cache/phalanx/bin``): its module
 is downloaded at a pinned version (``go mod download``, as the proxy refuses version lists) and
@@ -30,8 +30,9 @@ JobSet makes Jobs, whose pods the Job controller makes) and after the controller
   default certificate folder) holds the certificate;
 * manifests it needs once ready (Trainer's ``torch-distributed`` ClusterTrainingRuntime).
 
-KServe is not here: its controller needs Knative Serving's or Istio's CRDs and a
-``inferenceservice-config`` ConfigMap even in raw-deployment mode (see the README).
+KServe runs in RawDeployment mode (no Knative Serving or Istio here): its
+``inferenceservice-config`` ConfigMap, which it needs to start, is installed from its module
+with that mode as default and Ingress creation off.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class ControllerSpec:
     env: Callable[[Ports], dict[str, str]] = field(default=lambda ports: {})
     patches: tuple[SourcePatch, ...] = ()
     requires: tuple[str, ...] = ()  # controllers it needs started first
+    setup: Callable[[Path], list[JSONDoc]] | None = None  # objects it needs before it starts (from its module)
     manifests: tuple[str, ...] = ()  # applied once it is ready
     health_path: str = "/readyz"
 
@@ -230,7 +232,39 @@ KUBERAY = ControllerSpec(
         f"--health-probe-bind-address={ports.health_address}",
     ],
 )
-CONTROLLERS = {c.name: c for c in (JOBSET, LWS, TRAINER, TRAINING_OPERATOR, MPI_OPERATOR, KUBERAY)}
+
+
+def _kserve_setup(source: Path) -> list[JSONDoc]:
+    """KServe's namespace and its ``inferenceservice-config`` ConfigMap (it exits without one),
+    as shipped, but in RawDeployment mode (no Knative, no Istio here: a Deployment per
+    component) with no Ingress."""
+    (config_map,) = documents(source, ("config/configmap/inferenceservice.yaml",))
+    data = config_map["data"]
+    data["deploy"] = json.dumps({"defaultDeploymentMode": "RawDeployment"})
+    data["ingress"] = json.dumps(json.loads(data["ingress"]) | {"disableIngressCreation": True})
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KSERVE_NAMESPACE}}
+    config_map["metadata"]["namespace"] = KSERVE_NAMESPACE
+    return [namespace, config_map]
+
+
+KSERVE_NAMESPACE = "kserve"
+KSERVE = ControllerSpec(
+    name="kserve",
+    module="github.com/kserve/kserve",
+    version="v0.15.2",
+    crds=("config/crd/full",),
+    main="./cmd/manager",
+    webhooks="config/webhook/manifests.yaml",
+    flags=lambda ports: [
+        "--leader-elect=false",
+        "--metrics-addr=0",
+        f"--health-probe-addr={ports.health_address}",
+        f"--webhook-port={ports.webhook}",
+    ],
+    env=lambda ports: {"KUBECONFIG": str(ports.kubeconfig), "POD_NAMESPACE": KSERVE_NAMESPACE},
+    setup=_kserve_setup,
+)
+CONTROLLERS = {c.name: c for c in (JOBSET, LWS, TRAINER, TRAINING_OPERATOR, MPI_OPERATOR, KUBERAY, KSERVE)}
 
 
 def with_requirements(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -363,6 +397,8 @@ def prepare(
     ports = Ports(free_port(), free_port(), kubeconfig, tmp / "k8s-webhook-server" / "serving-certs")
     ca = serving_certificate(ports.cert_dir)
     for doc in documents(source, spec.crds):
+        apply(doc)
+    for doc in spec.setup(source) if spec.setup else ():
         apply(doc)
     if spec.webhooks:
         for doc in webhook_configurations(spec, source, f"https://{LOOPBACK}:{ports.webhook}", ca):

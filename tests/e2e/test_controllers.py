@@ -1,9 +1,9 @@
 """Real workload controllers create the pods; Phalanx places them.
 
 This module runs a cluster of its own with kube-controller-manager and the JobSet,
-LeaderWorkerSet, Kubeflow Trainer, training-operator (PyTorchJob) and MPI operator controllers
-(built from their modules, their CRDs and webhooks installed; deploy/local/controllers.py);
-KubeRay is started by its test, after the extender, so its CRD arrives while Phalanx runs.
+LeaderWorkerSet, Kubeflow Trainer, training-operator (PyTorchJob), MPI operator and KServe (in
+RawDeployment mode) controllers (built from their modules, their CRDs and webhooks installed;
+deploy/local/controllers.py); KubeRay is started by its test, after the extender, so its CRD arrives while Phalanx runs.
 The session cluster runs without them: its suites make pods by hand, some with owners a
 controller would act on. Every pod here is made by a controller, in its own order and with its
 own labels and owner chains, and scheduled by kube-scheduler calling Phalanx; each shipped
@@ -42,13 +42,15 @@ TRAINJOBS = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs"
 PYTORCHJOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
 MPIJOBS = f"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs"
 RAYCLUSTERS = f"/apis/ray.io/v1/namespaces/{NS}/rayclusters"
+ISVCS = f"/apis/serving.kserve.io/v1beta1/namespaces/{NS}/inferenceservices"
+CHAT = "serving.kserve.io/inferenceservice=chat"
 WORKLOADS = f"/apis/phalanx.io/v1alpha1/namespaces/{NS}/workloads"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 RACK_REQUIRED = {"kai.scheduler/topology-required-placement": RACK}
 # Acceptance: placed within this long of the last object (the user's, the controllers') appearing,
 # read from the API server's own clock (creation and PodScheduled times), not the test's.
 PLACED_WITHIN_S = 10
-STARTED_BY_THE_FIXTURE = ("jobset", "lws", "trainer", "training-operator", "mpi-operator")
+STARTED_BY_THE_FIXTURE = ("jobset", "lws", "trainer", "training-operator", "mpi-operator", "kserve")
 
 
 @pytest.fixture(scope="module")
@@ -595,3 +597,48 @@ def test_a_raycluster_whose_operator_and_crd_arrive_after_phalanx_is_one_gang_an
     finally:
         kube.request("DELETE", f"{RAYCLUSTERS}/ray", query={"propagationPolicy": "Foreground"})
     wait("the RayCluster's pods collected", lambda: not pods(kube, "app=ray"), 90)
+
+
+def test_an_inferenceservice_in_raw_deployment_mode_is_one_gang_and_scales(extender: Extender, kube: RestKube) -> None:
+    """A KServe InferenceService whose predictor is 2 replicas x 4 GPUs: KServe makes its
+    Deployment (RawDeployment mode), the ReplicaSet controller the pods, which KServe's pod
+    webhook labels. One gang of 2 (its minReplicas, from the object), in one rack; raised to 3
+    replicas, the third is placed too; deleted, everything goes."""
+
+    def isvc(replicas: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "serving.kserve.io/v1beta1",
+            "kind": "InferenceService",
+            "metadata": {"name": "chat", "namespace": NS, "annotations": {"serving.kserve.io/autoscalerClass": "none"}},
+            "spec": {
+                "predictor": {
+                    "minReplicas": replicas,
+                    "maxReplicas": replicas,
+                    "annotations": RACK_REQUIRED,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {
+                            "name": "kserve-container",
+                            "image": "registry.example/chat:latest",
+                            "resources": {"limits": {"nvidia.com/gpu": "4"}, "requests": {"cpu": "1"}},
+                        }
+                    ],
+                }
+            },
+        }
+
+    r = kube.request("POST", ISVCS, body=isvc(2))  # KServe sets the pods' app label: select by its own
+    assert r.status == 201, r.body
+    try:
+        placed = wait("the predictor's 2 replicas bound", lambda: bound_pods(kube, CHAT, 2), 120)
+        assert {p["metadata"]["labels"]["serving.kserve.io/inferenceservice"] for p in placed} == {"chat"}
+        assert {p["metadata"]["labels"]["component"] for p in placed} == {"predictor"}
+        assert len(racks(kube, placed)) == 1
+        assert gang(extender, "chat")["minCount"] == 2
+        scale = {"spec": {"predictor": {"minReplicas": 3, "maxReplicas": 3}}}
+        r = kube.request("PATCH", f"{ISVCS}/chat", body=scale, content_type="application/merge-patch+json")
+        assert r.status == 200, r.body
+        wait("the predictor's 3 replicas bound", lambda: bound_pods(kube, CHAT, 3), 120)
+    finally:
+        kube.request("DELETE", f"{ISVCS}/chat", query={"propagationPolicy": "Foreground"})
+    wait("the InferenceService's pods collected", lambda: not pods(kube, CHAT), 90)
