@@ -33,7 +33,7 @@ run: deps
 test: deps lint unit e2e
 
 lint: deps
-	@$(VENV)/bin/ruff check solver extender deploy benchmarks tests agent rpc
+	@$(VENV)/bin/ruff check solver extender deploy benchmarks tests agent rpc solverd
 	@$(VENV)/bin/mypy
 	@$(VENV)/bin/lint-imports
 

@@ -10,7 +10,7 @@ import signal
 import threading
 from pathlib import Path
 
-from extender.app import Extender, Options
+from extender.app import Extender, Options, RemoteSolverOptions
 from extender.kube import RestKube
 from extender.leader import LeaderOptions
 from extender.policy.service import webhook_options
@@ -104,7 +104,23 @@ def main() -> None:
         help="with the node agent: give pods that ask a GPU share by annotation a phalanx.io/gpu-share "
         "slot (a mutating webhook; needs --webhook-port), so the kubelet calls the agent for them",
     )
+    ap.add_argument(
+        "--solver-address",
+        metavar="HOST:PORT",
+        help="solve gangs through the solver service (`python -m solverd`) here; in process when it is "
+        "down or slower than the deadline",
+    )
+    ap.add_argument(
+        "--solver-deadline",
+        type=float,
+        metavar="SECONDS",
+        help="how long a remote solve may take before the in-process solver answers (default: the "
+        "solver time limit + 2 s)",
+    )
     args = ap.parse_args()
+    if args.solver_deadline is not None and (not args.solver_address or args.solver_deadline <= 0):
+        ap.error("--solver-deadline needs --solver-address and a positive number of seconds")
+    remote = RemoteSolverOptions(args.solver_address, args.solver_deadline) if args.solver_address else None
     webhook = None
     if args.gpu_share_resource and not args.webhook_port:
         ap.error("--gpu-share-resource needs the webhooks (--webhook-port)")
@@ -146,7 +162,7 @@ def main() -> None:
     tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
     kube = RestKube.from_kubeconfig(args.kubeconfig)
     options = Options(
-        args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address, webhook
+        args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address, webhook, remote
     )
     extender = Extender(kube, options)
     done = threading.Event()

@@ -70,6 +70,7 @@ from extender.verbs import Verbs
 from extender.watch import Reflector
 from extender.workload_types import WorkloadTypes
 from solver import SolverParams
+from solverd.client import RemoteSolver
 
 # Gang definition kinds also served at an older version by older Kubernetes releases.
 OLDER_VERSIONS = {"/apis/scheduling.k8s.io/v1beta1/podgroups": ("/apis/scheduling.k8s.io/v1alpha2/podgroups",)}
@@ -89,6 +90,13 @@ class Options:
     leader: LeaderOptions | None = None  # HA: bind only while the kube-scheduler beside it leads
     metrics_address: tuple[str, int] | None = None  # also serve /metrics here (for Prometheus)
     webhook: WebhookOptions | None = None  # serve the workload-policy admission webhooks
+    solver: RemoteSolverOptions | None = None  # solve through the solver service (solverd), in process if down
+
+
+@dataclass(frozen=True)
+class RemoteSolverOptions:
+    address: str  # host:port of `python -m solverd`
+    deadline_s: float | None = None  # None: the solver time limit + 2 s
 
 
 class Extender:
@@ -116,6 +124,13 @@ class Extender:
         self.ri = RISource(self.registry, self.cache.pod)
         self.queues = QueueBook(self.cache, self.config.queues, gang_of=lambda pod: self.gangs.gang_of(pod))
         self.queues.waits = lambda queue, seconds: self.metrics.queue_wait.labels(queue).observe(seconds)
+        self.remote_solver: RemoteSolver | None = None
+        if options.solver is not None:
+            self.remote_solver = RemoteSolver(
+                options.solver.address,
+                deadline_s=options.solver.deadline_s,
+                on_solve=lambda where: self.metrics.solves.labels(where).inc(),
+            )
         self.gangs = GangManager(
             self.cache,
             self.gang_objects,
@@ -125,6 +140,7 @@ class Extender:
             ri=self.ri,
             stats=self.metrics,
             admission=self.queues,
+            planner=self.remote_solver.plan if self.remote_solver else None,
         )
         self.preemptor = Preemptor(
             self.cache,
@@ -496,6 +512,8 @@ class Extender:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        if self.remote_solver is not None:
+            self.remote_solver.close()
 
     def _config_reflectors(self) -> list[Reflector]:
         return [self.config_reflector, self.policy_reflector]

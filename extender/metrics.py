@@ -58,6 +58,13 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.solves = Counter(
+            "phalanx_solves_total",
+            "Joint gang solves by where they ran: remote (the solver service), fallback (in process "
+            "because the service was down or slow), refused (the service rejected the input).",
+            ["where"],
+            registry=self.registry,
+        )
         self.gang_timeouts = Counter(
             "phalanx_gang_timeouts_total",
             "Gang reservations released because members did not all reach bind in time.",

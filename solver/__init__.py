@@ -12,7 +12,7 @@ and renamed without touching the Kubernetes side.
   `workload_drift`, `demand_of`, `placement_delta`.
 - Share packing: `PackingPlan`, `Packer`.
 - `validate_plan(snapshot, requests, result)`: the independent plan check (empty: valid).
-- MIG profile tables: `MigTable`, `load_tables`.
+- MIG profile tables: `MigTable` (its `MigProfile`s, cut slices `MigSlot`), `load_tables`.
 - Queues and quotas: `QueueSpec`, `QueueTree`, `usage_of`, `rollup`, `limit_check`,
   `fair_shares`, `fair_share_check`, `borrowed` (vectors: `add`, `sub`, `format_amount`).
 - Gang-aware preemption: `choose_victims` over `VictimUnit`s of `RunningPod`s -> `Preemption`;
@@ -23,7 +23,7 @@ from solver.admit import INVALID_REQUEST
 from solver.capacity import DeviceState
 from solver.fit import fits
 from solver.frag import WorkloadClass, demand_of, placement_delta, workload_classes, workload_drift
-from solver.mig import MigTable, load_tables
+from solver.mig import MigProfile, MigSlot, MigTable, load_tables
 from solver.model import (
     FULL_SHARE,
     Assignment,
@@ -94,7 +94,9 @@ __all__ = [
     "GpuDemand",
     "GpuDevice",
     "GpuKind",
+    "MigProfile",
     "MigSlice",
+    "MigSlot",
     "MigTable",
     "ModelPool",
     "Node",

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -84,6 +84,18 @@ HOLD_RETRY_S = 10.0  # a starving gang that got no hold (it fits nowhere even em
 WAITING_QUORUM = requests.WAITING_QUORUM
 
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
+
+
+def _in_process(snapshot: ClusterSnapshot, requests: Sequence[GangRequest], *, params: SolverParams) -> PlanResult:
+    return solver.plan(snapshot, requests, params=params)
+
+
+class Planner(Protocol):
+    """`solver.plan`'s signature: the in-process solver, or solverd's RemoteSolver.plan."""
+
+    def __call__(
+        self, snapshot: ClusterSnapshot, requests: Sequence[GangRequest], *, params: SolverParams
+    ) -> PlanResult: ...
 
 
 class GangStats(Protocol):
@@ -174,8 +186,11 @@ class GangManager:
         ri: RISource | None = None,
         stats: GangStats | None = None,
         admission: Admission | None = None,
+        planner: Planner | None = None,
     ) -> None:
         self.cache = cache
+        # the in-process solver (looked up per call), or a remote one with its signature (solverd)
+        self.planner: Planner = planner or _in_process
         self.objects = objects
         self.params = params
         self.notify = notify
@@ -564,21 +579,21 @@ class GangManager:
         name -> error)."""
         params = self.params()
         try:
-            return solver.plan(snapshot, asks, params=params), {}
+            return self.planner(snapshot, asks, params=params), {}
         except (ValueError, KeyError, IndexError) as e:
             if len(asks) == 1:
                 return None, {asks[0].name: f"{type(e).__name__}: {e}"}
         invalid: dict[str, str] = {}
         for ask in asks:
             try:
-                solver.plan(snapshot, [ask], params=params)
+                self.planner(snapshot, [ask], params=params)
             except (ValueError, KeyError, IndexError) as e:
                 invalid[ask.name] = f"{type(e).__name__}: {e}"
         valid = [a for a in asks if a.name not in invalid]
         if not valid:
             return None, invalid
         try:
-            return solver.plan(snapshot, valid, params=params), invalid
+            return self.planner(snapshot, valid, params=params), invalid
         except (ValueError, KeyError, IndexError) as e:  # only together: fail them all, plainly
             return None, {a.name: f"{type(e).__name__}: {e}" for a in asks}
 
@@ -795,7 +810,7 @@ class GangManager:
         params = self.params()
         params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_TIME_LIMIT_S))
         try:
-            helps = solver.plan(snapshot, [ask], params=params).gangs[0].outcome is Outcome.PLACED
+            helps = self.planner(snapshot, [ask], params=params).gangs[0].outcome is Outcome.PLACED
         except (ValueError, KeyError, IndexError):  # a request the solver rejects: no eviction helps
             helps = False
         with self.lock:
