@@ -24,13 +24,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from extender.gangs.sources import DEFAULT_TIMEOUT_S, JSON, GangSpec, Resolution, kai_topology
+from extender.gangs.sources import DEFAULT_TIMEOUT_S, JSON, GangSpec, Resolution, stated_topology
 from extender.objects import OwnerRef, PodInfo, owner_refs
 from extender.ri.budget import REASON_BUDGET
 from extender.ri.interface import ResourceInterface
 from extender.ri.model import GVK, ComponentDef
 from extender.ri.registry import Registry
-from solver import TopologyRequest
 
 PREFIX = "ri:"
 WAITING_PREFIX = "ri-wait:"
@@ -194,7 +193,7 @@ class RISource:
             min_count=sizing.min_count,
             count=sizing.expected,
             timeout_s=DEFAULT_TIMEOUT_S,
-            topology=_stated_topology(pod, members),
+            topology=stated_topology([pod, *members]),
         )
         return Resolution(key, spec)
 
@@ -233,14 +232,3 @@ def _gvk_of(obj: JSON, default: GVK) -> GVK:
 
 def _owners(obj: JSON) -> tuple[OwnerRef, ...]:
     return owner_refs(obj.get("metadata") or {})
-
-
-def _stated_topology(pod: PodInfo, members: list[PodInfo]) -> TopologyRequest:
-    """The gang's topology from KAI-style annotations: those of the first member (by key) that
-    states one, whichever member is being resolved. A CPU-only MPI launcher or Ray head often
-    states none while its workers do, and may be seen first; the gang is still one rack."""
-    for member in sorted([pod, *members], key=lambda m: m.key):
-        stated = kai_topology(member.annotations)
-        if stated.any:
-            return stated
-    return kai_topology(pod.annotations)

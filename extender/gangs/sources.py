@@ -28,11 +28,14 @@ which gang it belongs to and that gang's spec, or why the definition is not usab
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from solver import Slice, TopologyRequest
+
+if TYPE_CHECKING:
+    from extender.objects import PodInfo
 
 JSON = dict[str, Any]
 
@@ -183,6 +186,16 @@ def resolve(
 def kai_topology(annotations: dict[str, str]) -> TopologyRequest:
     """Topology from KAI-style pod annotations (for gangs whose definition names none)."""
     return TopologyRequest(required=annotations.get(KAI_REQUIRED, ""), preferred=annotations.get(KAI_PREFERRED, ""))
+
+
+def stated_topology(members: Iterable[PodInfo]) -> TopologyRequest:
+    """A gang's topology from KAI-style annotations: those of the first member (by key) that
+    states one, whichever member is being resolved. A CPU-only MPI launcher or Ray head often
+    states none while its workers do, and may be seen first: the gang is still one rack."""
+    stating = [m for m in members if KAI_REQUIRED in m.annotations or KAI_PREFERRED in m.annotations]
+    if not stating:
+        return TopologyRequest()
+    return kai_topology(min(stating, key=lambda m: m.key).annotations)
 
 
 def _owner(obj: JSON, api_version: str, kind: str) -> JSON:

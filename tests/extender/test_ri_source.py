@@ -12,9 +12,10 @@ import yaml
 
 from benchmarks import ri_samples
 from extender.app import Extender, Options
+from extender.gangs.sources import COSCHEDULING_POD_GROUP
 from extender.ri.model import GVK
 from extender.workload_types import KEY_PREFIX
-from tests.extender.fakes import FakeKube, mark_listed
+from tests.extender.fakes import FakeKube, mark_listed, pod
 
 JOBSET = GVK("jobset.x-k8s.io", "v1alpha2", "JobSet")
 JOB = GVK("batch", "v1", "Job")
@@ -92,8 +93,8 @@ def test_the_gang_takes_the_topology_a_member_states_whichever_member_resolves_i
     second["metadata"].setdefault("annotations", {})["kai.scheduler/topology-required-placement"] = "rack"
     ext._ri_event(JOBSET, "ADDED", cr)
     ext._ri_event(JOB, "ADDED", job)
-    for pod in (first, second):
-        ext.cache.pod_event("ADDED", pod)
+    for obj in (first, second):
+        ext.cache.pod_event("ADDED", obj)
     key = keyed(ext)[first["metadata"]["uid"]]
     members = [ext.cache.pod(first["metadata"]["uid"]), ext.cache.pod("pod-2")]
     assert all(members)
@@ -225,3 +226,23 @@ def test_pods_no_resource_interface_could_take_are_keyed_at_once(ext: Extender) 
     }
     ext.cache.pod_event("ADDED", pod)
     assert "ds-pod" not in ext.gangs.membership._unkeyed  # no jq ever runs for it
+
+
+def test_a_pod_group_gang_takes_the_topology_another_member_states(ext: Extender) -> None:
+    """The same for a coscheduling PodGroup without topology of its own: a launcher without
+    the KAI annotation resolves to the rack its workers ask for."""
+    ext.gang_objects.replace(
+        COSCHEDULING_POD_GROUP, [{"metadata": {"name": "mpi", "namespace": "default"}, "spec": {"minMember": 2}}]
+    )
+    launcher = pod("launcher")
+    worker = pod("worker", gpus=8, annotations={"kai.scheduler/topology-required-placement": "rack"})
+    for p in (launcher, worker):
+        p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "mpi"}
+        ext.cache.pod_event("ADDED", p)
+    ext.gangs.membership.settle()
+    for p in (launcher, worker):
+        info = ext.cache.pod(p["metadata"]["uid"])
+        assert info is not None
+        resolved = ext.gangs._resolve(info)
+        assert resolved is not None and resolved[1].spec is not None
+        assert resolved[1].spec.topology.required == "rack", p["metadata"]["name"]
