@@ -142,6 +142,7 @@ def test_values_the_schema_does_not_allow_are_refused(helm: Helm) -> None:
         "image.digest=latest",
     )
     bad_values += ("nodeAgent.enabled=yes", "nodeAgent.gpuSlots=0", "nodeAgent.port=0", "nodeAgent.image.digest=v1")
+    bad_values += ("solverService.port=0", "solverService.deadlineSeconds=-1", "solverService.remote=yes")
     for bad in bad_values:
         result = helm.run("template", "phalanx", str(CHART), "--set", bad)
         assert result.returncode != 0, f"--set {bad} was accepted"
@@ -300,6 +301,19 @@ def test_the_ha_values_render_two_spread_replicas_with_a_budget_in_place_of_the_
     ]
     assert f"--webhook-service={HA_NAMESPACE}/phalanx-webhook:443" in extender["command"]
     assert one(docs, "Service", "phalanx-webhook")["metadata"]["namespace"] == HA_NAMESPACE
+
+
+def test_the_solver_service_runs_beside_the_extender_on_loopback_when_enabled(helm: Helm) -> None:
+    assert "phalanx-solver" not in containers(render(helm))
+    docs = render(helm, "--set", "solverService.enabled=true", "--set", "solverService.deadlineSeconds=4.5")
+    solver = containers(docs)["phalanx-solver"]
+    assert solver["command"] == ["python", "-m", "solverd", "--address=127.0.0.1:50551"]
+    probe = ["python", "-m", "solverd", "--probe=127.0.0.1:50551"]
+    assert solver["readinessProbe"]["exec"]["command"] == solver["livenessProbe"]["exec"]["command"] == probe
+    assert "volumeMounts" not in solver  # no token: it reads nothing from the API server
+    assert solver["securityContext"] == containers(docs)["phalanx-extender"]["securityContext"]
+    args = containers(docs)["phalanx-extender"]["command"]
+    assert "--solver-address=127.0.0.1:50551" in args and "--solver-deadline=4.5" in args
 
 
 def test_extra_watched_kinds_are_read_only(helm: Helm) -> None:

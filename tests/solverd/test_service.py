@@ -127,3 +127,11 @@ def test_the_default_deadline_follows_the_solver_time_limit(service: tuple[grpc.
     _, snapshot, requests, _ = SCENARIOS[0]
     remote.plan(snapshot, requests, params=replace(EXACT, time_limit_s=4.0))
     assert seen == [5.5]
+
+
+def test_the_probe_says_whether_a_service_serves(service: tuple[grpc.Server, int]) -> None:
+    from solverd.__main__ import probe
+
+    assert probe(f"127.0.0.1:{service[1]}") == 0
+    service[0].stop(grace=0).wait()
+    assert probe(f"127.0.0.1:{service[1]}") == 1
