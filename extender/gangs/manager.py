@@ -86,6 +86,12 @@ WAITING_QUORUM = requests.WAITING_QUORUM
 Notify = Callable[[GangSpec, str, str, str], None]  # (spec, reason, message, type)
 
 
+def _level_name(level: str) -> str:
+    """A topology level as a summary names it: "rack" for topology.phalanx.io/rack, "hosts" for
+    kubernetes.io/hostname (the node itself)."""
+    return "hosts" if level == "kubernetes.io/hostname" else level.rsplit("/", 1)[-1]
+
+
 def _in_process(snapshot: ClusterSnapshot, requests: Sequence[GangRequest], *, params: SolverParams) -> PlanResult:
     return solver.plan(snapshot, requests, params=params)
 
@@ -714,7 +720,7 @@ class GangManager:
         state.phase = GangPhase.PLANNED
         levels = snapshot.levels if len(snapshot.levels) == len(gang.domains_used) else (*snapshot.levels, "hosts")
         where = ", ".join(
-            f"{count} {level.rsplit('/', 1)[-1]}" for level, count in zip(levels, gang.domains_used, strict=True)
+            f"{count} {_level_name(level)}" for level, count in zip(levels, gang.domains_used, strict=True)
         )
         state.summary = (
             f"planned {len(gang.assignments)} of {len(entry.members.pending)} pending members on {where} "

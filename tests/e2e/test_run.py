@@ -28,7 +28,8 @@ def test_make_run_places_the_samples_and_prints_each_gang(tmp_path: Path) -> Non
     assert len(workers) == 8 and all(v[2] == "GPUs 0-7" for v in workers.values()), workers
     assert len({v[0] for v in workers.values()}) == 8 and len({v[1] for v in workers.values()}) == 1
     (rack,) = {v[1] for v in workers.values()}
-    assert re.search(rf"^JobSet/llm-pretrain\s+{rack}\s+bound 8 of 8 pending members .*1 rack.* ms\)$", out, re.M), out
+    summary = rf"^JobSet/llm-pretrain\s+{rack}\s+bound 8 of 8 pending members on 1 block, 1 rack, 8 hosts \(.* ms\)$"
+    assert re.search(summary, out, re.M), out
     # the fractional Deployment's 4 halves and the single shares (0.5, 0.25, 0.3 and 10 GiB):
     # 3.05 GPUs of compute, packed onto 4 GPUs of one node
     sharing = ("chat-infer-", "notebook-half-gpu", "infer-quarter-gpu", "hami-style-20gib", "infer-10gib")
