@@ -25,7 +25,7 @@ from rpc import solver_pb2 as pb
 from rpc import solver_pb2_grpc
 from solver import ClusterSnapshot, GangRequest, PlanResult, SolverParams
 from solverd import codec
-from solverd.server import MAX_MESSAGE_BYTES
+from solverd.server import MESSAGE_LIMITS
 
 log = structlog.get_logger("phalanx.solver-client")
 
@@ -53,8 +53,7 @@ class RemoteSolver:
         self.channel = grpc.insecure_channel(
             address,
             options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                *MESSAGE_LIMITS,
                 # reconnect within a few seconds of the service coming back (gRPC's default
                 # backoff grows to 2 minutes: the fallback would outlive the outage by that much)
                 ("grpc.initial_reconnect_backoff_ms", 200),

@@ -26,6 +26,10 @@ from solverd import codec
 log = structlog.get_logger("phalanx.solverd")
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+MESSAGE_LIMITS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]  # the server's and the client's channel options
 REJECTED = (ValueError, KeyError, IndexError)
 
 
@@ -66,10 +70,7 @@ def serve(address: str, *, threads: int = 4, service: SolverService | None = Non
     """Start serving on `address` ("host:port"; port 0 picks one); return the server and port."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="solve"),
-        options=[
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-        ],
+        options=MESSAGE_LIMITS,
     )
     solver_pb2_grpc.add_SolverServicer_to_server(service or SolverService(), server)
     port = server.add_insecure_port(address)

@@ -552,7 +552,7 @@ class LocalCluster:
                     self._stop_component(name, record.components[name])
         # Safety net: anything still running from our binaries with this state folder in argv.
         binaries = locate_binaries()
-        for stray in find_strays(self.state_dir, binaries):
+        for stray in find_strays(self.state_dir, binaries, controllers.binaries()):
             self._progress(f"stopping stray {stray.binary.name} (pid {stray.pid})")
             process.stop(stray.pid, stray.binary)
 

@@ -8,10 +8,10 @@ its ``main`` package built in the unpacked source. Two of them hard-code what a 
 cannot give them, and are built from a patched copy of their source (the module cache is
 never written):
 
-* the MPI operator serves its health check on the fixed port 8080; the overlay reads the
+* the MPI operator serves its health check on the fixed port 8080; the patch reads the
   address from ``HEALTH_PROBE_BIND_ADDRESS``;
 * the training-operator generates its webhook certificate for an in-cluster Service name, in
-  ``/tmp``, from a Secret; the overlay skips that rotation, and the certificate below is used.
+  ``/tmp``, from a Secret; the patch skips that rotation, and the certificate below is used.
 
 Started by ``LocalCluster`` when ``ControlPlaneOptions.controllers`` names it
 (``python -m deploy.local up --controllers jobset,trainer``), after kube-controller-manager (a
@@ -57,8 +57,9 @@ JSONDoc = dict[str, Any]
 
 @dataclass(frozen=True)
 class SourcePatch:
-    """One change to a file of the module, applied through ``go build -overlay``: ``old`` (which
-    must occur exactly once) becomes ``new``; with ``old`` empty the whole file becomes ``new``."""
+    """One change to a file of the module, applied to a copy of its source (`patched_source`):
+    ``old`` (which must occur exactly once) becomes ``new``; with ``old`` empty the whole file
+    becomes ``new``."""
 
     path: str
     new: str
@@ -256,12 +257,13 @@ KSERVE = ControllerSpec(
     main="./cmd/manager",
     webhooks="config/webhook/manifests.yaml",
     flags=lambda ports: [
+        f"--kubeconfig={ports.kubeconfig}",  # controller-runtime's flag; the state folder in its argv
         "--leader-elect=false",
         "--metrics-addr=0",
         f"--health-probe-addr={ports.health_address}",
         f"--webhook-port={ports.webhook}",
     ],
-    env=lambda ports: {"KUBECONFIG": str(ports.kubeconfig), "POD_NAMESPACE": KSERVE_NAMESPACE},
+    env=lambda ports: {"POD_NAMESPACE": KSERVE_NAMESPACE},
     setup=_kserve_setup,
 )
 CONTROLLERS = {c.name: c for c in (JOBSET, LWS, TRAINER, TRAINING_OPERATOR, MPI_OPERATOR, KUBERAY, KSERVE)}
@@ -283,6 +285,11 @@ def with_requirements(names: tuple[str, ...]) -> tuple[str, ...]:
     for name in names:
         visit(name)
     return tuple(ordered)
+
+
+def binaries() -> tuple[Path, ...]:
+    """Where each controller's binary is (whether built or not)."""
+    return tuple(bin_root() / f"{s.name}-{s.version}" / s.name for s in CONTROLLERS.values())
 
 
 def module_dir(spec: ControllerSpec) -> Path:
@@ -336,7 +343,7 @@ def ensure(spec: ControllerSpec, progress: Progress = print) -> tuple[Path, Path
     """Build the controller if missing; return (binary, module source)."""
     source = module_dir(spec)
     ensure_targets((target(spec, source),), progress)
-    return bin_root() / f"{spec.name}-{spec.version}" / spec.name, source
+    return bin_root() / f"{spec.name}-{spec.version}" / spec.name, source  # as binaries() says
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ def _cmdline(pid_dir: Path) -> list[bytes]:
         return []
 
 
-def find_strays(state_dir: Path, binaries: Binaries) -> list[Stray]:
-    """Return processes running one of ``binaries`` with ``state_dir`` in their arguments."""
-    ours = {str(path).encode(): Path(path) for path in astuple(binaries)}
+def find_strays(state_dir: Path, binaries: Binaries, extra: tuple[Path, ...] = ()) -> list[Stray]:
+    """Return processes running one of ``binaries`` (or ``extra``: the workload controllers')
+    with ``state_dir`` in their arguments."""
+    ours = {str(path).encode(): Path(path) for path in (*astuple(binaries), *extra)}
     marker = str(state_dir).encode() + b"/"
     strays = []
     for pid_dir in Path("/proc").iterdir():
