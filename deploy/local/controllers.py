@@ -40,6 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Mapping
@@ -313,6 +314,8 @@ def patched_source(spec: ControllerSpec, source: Path) -> Path:
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(source, tmp, copy_function=shutil.copyfile)  # copyfile: writable copies
+    for folder_path, _, _ in os.walk(tmp):  # the module cache's folders are read-only, and so their copies
+        os.chmod(folder_path, 0o755)
     for patch in spec.patches:
         path = tmp / patch.path
         text = patch.new
