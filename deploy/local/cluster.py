@@ -564,8 +564,9 @@ class LocalCluster:
 
 
 def apply_object(api: client.ApiClient, doc: dict[str, Any]) -> None:
-    """Server-side apply of a cluster-scoped object (a CRD, a webhook configuration), as
-    replicas.apply does; a CRD is waited on until it is Established."""
+    """Server-side apply of an object of replicas.PATHS (a CRD, a webhook configuration, a
+    controller's namespace and ConfigMap), as replicas.apply does; a CRD is waited on until it is
+    Established."""
     path = f"{collection(doc)}/{doc['metadata']['name']}"
     query = {"fieldManager": "phalanx-local", "force": "true"}
     applied = request_json(api, "PATCH", path, body=doc, query=query, content_type="application/apply-patch+yaml")

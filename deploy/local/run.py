@@ -154,9 +154,12 @@ def devices_summary(record: str) -> str:
     """A pod's ``phalanx.io/gpu-devices`` record in a few words: "GPUs 0-7", "GPU 3: 0.5",
     "GPU 0: 10240 MiB", "GPU 4: MIG 1g.10gb"."""
     try:
-        devices = json.loads(record)
-    except ValueError:
+        return _summary(json.loads(record))
+    except (ValueError, TypeError, KeyError, AttributeError):  # not a record Phalanx wrote: as it is
         return record
+
+
+def _summary(devices: list[dict[str, Any]]) -> str:
     whole = [d["index"] for d in devices if d.get("milli") == 1000 and not d.get("mig")]
     parts = []
     if whole:
