@@ -49,7 +49,7 @@ from extender.gangs.requests import Entry, Members
 from extender.gangs.ri_source import PREFIX as RI_PREFIX
 from extender.gangs.ri_source import WAITING_PREFIX as RI_WAITING
 from extender.gangs.ri_source import RISource
-from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve, stated_topology
+from extender.gangs.sources import DEFINITION_PREFIXES, GangObjects, GangSpec, Resolution, resolve
 from extender.objects import JSON, PodInfo
 from extender.outcomes import Fit, GangPhase, Verdict
 from extender.preemption import Claimant, Decision, Preemptor
@@ -232,7 +232,7 @@ class GangManager:
         else:
             res = resolve(self.objects, pod.namespace, pod.labels, pod.annotations, pod.scheduling_group)
             if res is not None and res.spec is not None and not res.spec.topology.any:
-                stated = stated_topology(self.membership.member_pods(key))  # another member's KAI annotations
+                stated = self.membership.stated_topology(key)  # another member's KAI annotations
                 if stated.any:
                     res = replace(res, spec=replace(res.spec, topology=stated))
         if res is None or (res.spec is not None and not res.spec.enabled):

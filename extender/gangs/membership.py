@@ -16,8 +16,9 @@ from typing import Protocol
 
 from extender.cache import Cache
 from extender.gangs.ri_source import RISource
-from extender.gangs.sources import gang_key
+from extender.gangs.sources import gang_key, stated_topology
 from extender.objects import PodInfo
+from solver import TopologyRequest
 
 
 class Nudge(Protocol):
@@ -40,6 +41,10 @@ class Membership:
         self._lock = threading.Lock()
         self._members: dict[str, set[str]] = defaultdict(set)  # gang key -> pod uids
         self._key_of: dict[str, str] = {}  # pod uid -> gang key it is counted under
+        # gang key -> how often its members changed, and the KAI topology they stated at a version:
+        # filter asks for it per call, and only a change of the members recomputes it
+        self._versions: dict[str, int] = defaultdict(int)
+        self._stated: dict[str, tuple[int, TopologyRequest]] = {}
         self._unkeyed: dict[str, PodInfo] = {}  # owned pods whose Resource Interface key is due
         self._settling = threading.Lock()  # one settler: the others wait for its result
         if ri is not None:
@@ -66,11 +71,14 @@ class Membership:
         previous = self._key_of.pop(uid, "")
         if previous:
             self._members[previous].discard(uid)
+            self._versions[previous] += 1
             if not self._members[previous]:
-                del self._members[previous]
+                del self._members[previous], self._versions[previous]
+                self._stated.pop(previous, None)
         if key:
             self._members[key].add(uid)
             self._key_of[uid] = key
+            self._versions[key] += 1
 
     def settle(self) -> None:
         """Key the owned pods that changed since the last call (Resource Interface jq), with no
@@ -118,6 +126,20 @@ class Membership:
         with self._lock:
             uids = list(self._members.get(key, ()))
         return sorted((p for p in self.cache.pods(uids) if p.active), key=lambda p: (p.created, p.name))
+
+    def stated_topology(self, key: str) -> TopologyRequest:
+        """The KAI topology the gang's members state (`sources.stated_topology`), recomputed only
+        when its members changed (a pod's update re-indexes it)."""
+        with self._lock:
+            version = self._versions.get(key, 0)
+            cached = self._stated.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        topology = stated_topology(self.member_pods(key))
+        with self._lock:
+            if key in self._members and self._versions.get(key, 0) == version:
+                self._stated[key] = (version, topology)
+        return topology
 
     def gang_keys(self) -> set[str]:
         """Every gang key with a member."""

@@ -246,3 +246,38 @@ def test_a_pod_group_gang_takes_the_topology_another_member_states(ext: Extender
         resolved = ext.gangs._resolve(info)
         assert resolved is not None and resolved[1].spec is not None
         assert resolved[1].spec.topology.required == "rack", p["metadata"]["name"]
+
+
+def test_the_stated_topology_is_computed_once_per_change_of_the_members(
+    ext: Extender, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """filter resolves a gang per call: the members are scanned again only when they changed."""
+    ext.gang_objects.replace(
+        COSCHEDULING_POD_GROUP, [{"metadata": {"name": "g", "namespace": "default"}, "spec": {"minMember": 2}}]
+    )
+    first, second = pod("a"), pod("b", annotations={"kai.scheduler/topology-required-placement": "rack"})
+    for p in (first, second):
+        p["metadata"]["labels"] = {"scheduling.x-k8s.io/pod-group": "g"}
+        ext.cache.pod_event("ADDED", p)
+    membership = ext.gangs.membership
+    scans = 0
+    member_pods = membership.member_pods
+
+    def counting(key: str) -> list[Any]:
+        nonlocal scans
+        scans += 1
+        return member_pods(key)
+
+    monkeypatch.setattr(membership, "member_pods", counting)
+    info = ext.cache.pod("uid-a")
+    assert info is not None
+    for _ in range(5):
+        resolved = ext.gangs._resolve(info)
+        assert resolved is not None and resolved[1].spec is not None and resolved[1].spec.topology.required == "rack"
+    assert scans == 1
+    second["metadata"]["annotations"] = {}  # the worker no longer asks for a rack
+    second["metadata"]["resourceVersion"] = "2"
+    ext.cache.pod_event("MODIFIED", second)
+    resolved = ext.gangs._resolve(info)
+    assert resolved is not None and resolved[1].spec is not None and not resolved[1].spec.topology.any
+    assert scans == 2
