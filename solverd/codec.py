@@ -95,6 +95,8 @@ def _device(d: GpuDevice, tables: dict[int, int]) -> pb.GpuDevice:
 
 
 def _from_device(m: pb.GpuDevice, tables: Sequence[MigTable]) -> GpuDevice:
+    if not 0 <= m.partition <= len(tables):
+        raise ValueError(f"gpu {m.index}: partition {m.partition} names no table (mig_tables holds {len(tables)})")
     return GpuDevice(
         index=m.index,
         model=m.model,

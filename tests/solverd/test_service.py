@@ -135,3 +135,13 @@ def test_the_probe_says_whether_a_service_serves(service: tuple[grpc.Server, int
     assert probe(f"127.0.0.1:{service[1]}") == 0
     service[0].stop(grace=0).wait()
     assert probe(f"127.0.0.1:{service[1]}") == 1
+
+
+def test_a_device_naming_a_table_that_was_not_sent_is_refused(service: tuple[grpc.Server, int]) -> None:
+    _, snapshot, requests, params = SCENARIOS[0]
+    wire = codec.solve_request(snapshot, requests, params)
+    wire.snapshot.nodes[0].gpus[0].partition = -1  # would index the tables from the end
+    with grpc.insecure_channel(f"127.0.0.1:{service[1]}") as channel, pytest.raises(grpc.RpcError) as refused:
+        solver_pb2_grpc.SolverStub(channel).Solve(wire, timeout=10)
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "partition -1 names no table" in refused.value.details()
