@@ -12,15 +12,19 @@ import gc
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from prometheus_client import start_http_server
 
 from extender import logs
 from extender.agents import ENDPOINT_ANNOTATION, Agents
+from extender.api.context import Context
+from extender.api.core import ApiError as Refused
+from extender.api.service import AllocationApi
 from extender.auth import KubeAuthorizer
 from extender.binder import Binder
 from extender.cache import Cache
@@ -270,6 +274,22 @@ class Extender:
             name="configmap",
             selector={"fieldSelector": f"metadata.name={CONFIGMAP_NAME}"},
         )
+        authorizer = KubeAuthorizer(kube)
+        self.api = AllocationApi(
+            Context(
+                self.cache,
+                self.gangs,
+                self.queues,
+                kube,
+                caller=_caller_of(kube),
+                authorizer=authorizer,
+                config=lambda: self.config.api,
+                pods_rv=lambda: self.reflectors[1].resource_version,
+            ),
+            node_view=self.read_api.nodes,
+        )
+        self.cache.on_pod_change(self.api.pod_changed)
+        self.binder.on_evict = self._evicted
         self.metrics.registry.register(StateCollector(self.cache, self.gangs, self._reflectors, self.queues))
         self._metrics_server: Any = None
         self.server = Server(
@@ -289,9 +309,10 @@ class Extender:
                 "/api/v1/queues": self.read_api.queues_,
             },
             apis={"/api/v1/workload-types": self.workload_types.api},
-            authorizer=KubeAuthorizer(kube),
+            authorizer=authorizer,
             tls=ServerTLS(options.tls) if options.tls else None,
             routes=PolicyApi(self.admission).routes(),
+            first_routes=self.api.routes(),
         )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -415,6 +436,7 @@ class Extender:
                     self.gangs.wake_all()
                     woken = True
                 self.gangs.sweep()
+                self.api.tick(leading=self.leadership is None or self.leadership.leading)
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up
                 if ticks % 10 == 1:
@@ -500,6 +522,7 @@ class Extender:
         if self.leadership is not None:
             self.leadership.stop()
         self.gangs.shutdown()
+        self.api.stop()
         self.queue_status.stop()
         for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, *self._config_reflectors()]:
             r.stop()
@@ -514,6 +537,9 @@ class Extender:
             self._metrics_server.server_close()
         if self.remote_solver is not None:
             self.remote_solver.close()
+
+    def _evicted(self, namespace: str, name: str, node: str) -> None:
+        self.api.evictions.add(namespace, name, node, "Preempted by Phalanx: a higher-priority gang needs the room")
 
     def _config_reflectors(self) -> list[Reflector]:
         return [self.config_reflector, self.policy_reflector]
@@ -578,3 +604,16 @@ class Extender:
 def _ns_name(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _caller_of(kube: Kube) -> Callable[[str], Kube]:
+    """The API server with a caller's credentials (`RestKube.as_caller`); a client that cannot
+    act for callers refuses every write rather than making it with Phalanx's own rights."""
+    as_caller = getattr(kube, "as_caller", None)
+    if as_caller is not None:
+        return cast(Callable[[str], Kube], as_caller)
+
+    def refuse(authorization: str) -> Kube:
+        raise Refused(503, "this extender's API server client cannot make calls with a caller's credentials")
+
+    return refuse

@@ -37,6 +37,8 @@ class Binder:
         self.agents = agents
         # "" when this process may bind now, else why not (HA: only the confirmed leader).
         self.fence = fence
+        # Told of every eviction the API server accepted: (namespace, name, node) (the eviction notices).
+        self.on_evict: Callable[[str, str, str], None] | None = None
 
     def bind(self, namespace: str, name: str, uid: str, node: str, devices: tuple[DeviceAssignment, ...]) -> None:
         """One call: the API server copies a Binding's annotations onto the pod as it sets the
@@ -112,6 +114,8 @@ class Binder:
         except Exception as e:  # OSError, a reply that does not decode: never into a verb
             return f"eviction of {namespace}/{name} failed: {type(e).__name__}: {str(e)[:256]}"
         if response.status in (200, 201, 404):
+            if not dry_run and response.status != 404 and self.on_evict is not None:
+                self.on_evict(namespace, name, node)
             return ""
         message = response.body.get("message", "") if isinstance(response.body, dict) else ""
         return f"eviction of {namespace}/{name} refused ({response.status}): {str(message)[:256]}"

@@ -479,6 +479,48 @@ class QueuesConfig(_Strict):
     )
 
 
+class ApiConfig(_Strict):
+    """The allocation API (`/api/v1/namespaces/{ns}/allocations`, jobs, quotas, nodes, metrics)."""
+
+    scheduler_name: str = Field(
+        "default-scheduler",
+        alias="schedulerName",
+        min_length=1,
+        max_length=253,
+        description="The schedulerName of pods the API creates, and of the pods it shows as allocations: "
+        "a kube-scheduler profile that calls Phalanx.",
+    )
+    requests_per_minute: int = Field(
+        1200,
+        alias="requestsPerMinute",
+        ge=1,
+        le=10_000_000,
+        description="Requests a tenant (the namespace in the path, else the caller) may make a minute on "
+        "average; past it 429 with X-RateLimit-* and Retry-After.",
+    )
+    burst: int = Field(200, ge=1, le=1_000_000, description="Requests a tenant may make at once.")
+    max_in_flight: int = Field(
+        64,
+        alias="maxInFlight",
+        ge=1,
+        le=10_000,
+        description="API requests served at once (watch streams aside); past it 503 with Retry-After.",
+    )
+    max_watchers: int = Field(256, alias="maxWatchers", ge=1, le=10_000, description="Open watch streams at most.")
+    drain_gang_policy: Literal["EvictGang", "Wait"] = Field(
+        "EvictGang",
+        alias="drainGangPolicy",
+        description="A drain that meets a gang member: evict the whole gang (its pods are recreated by their "
+        "controller and placed again as a gang), or leave the gang running and report the drain as waiting.",
+    )
+    prices: dict[Literal["cpu", "memory", "gpu"], Annotated[float, Field(ge=0, le=1e6)]] = Field(
+        {},
+        description="Price per resource hour for the usage report's cost: cpu per core, memory per GiB, gpu "
+        "per device (a share counts its fraction). E.g. the GPU pool QoS prices.",
+    )
+    currency: str = Field("$", max_length=8, description="Prefix of the cost figures.")
+
+
 class PhalanxConfig(_Strict):
     topology: TopologyConfig = TopologyConfig()
     solver: SolverConfig = SolverConfig()
@@ -486,6 +528,7 @@ class PhalanxConfig(_Strict):
     filter: FilterConfig = FilterConfig()
     server: ServerConfig = ServerConfig()
     queues: QueuesConfig = QueuesConfig()
+    api: ApiConfig = ApiConfig()
 
     def solver_params(self) -> SolverParams:
         return SolverParams(

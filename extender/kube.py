@@ -82,8 +82,11 @@ class RestKube:
         kwargs: dict[str, Any] = {"maxsize": 64, "block": False}
         if self.host.startswith("https"):
             kwargs.update(cert_reqs="CERT_REQUIRED" if cfg.verify_ssl else "CERT_NONE", ca_certs=cfg.ssl_ca_cert)
-            if cfg.cert_file:
-                kwargs.update(cert_file=cfg.cert_file, key_file=cfg.key_file)
+        # Calls made with a caller's token (`as_caller`) never present this process's client
+        # certificate: the API server would authenticate the certificate, not the caller.
+        self._caller_pool = urllib3.PoolManager(**kwargs)
+        if self.host.startswith("https") and cfg.cert_file:
+            kwargs.update(cert_file=cfg.cert_file, key_file=cfg.key_file)
         self.pool = urllib3.PoolManager(**kwargs)
 
     @classmethod
@@ -98,6 +101,11 @@ class RestKube:
             return cfg
 
         return cls(load(), reload=load)
+
+    def as_caller(self, authorization: str) -> CallerKube:
+        """This API server, with a caller's own credentials (`Authorization` header): what the
+        caller's RBAC allows, nothing more."""
+        return CallerKube(self.host, self._caller_pool, authorization)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -194,6 +202,20 @@ class RestKube:
             raise Unreachable(f"watch {path}: {e}") from e
         finally:
             r.release_conn()
+
+
+class CallerKube(RestKube):
+    """`Kube` with a caller's token: no client certificate, no credentials re-read."""
+
+    def __init__(self, host: str, pool: urllib3.PoolManager, authorization: str) -> None:
+        self.host = host
+        self.pool = pool
+        self._caller_pool = pool
+        self._reload = None
+        self._lock = threading.Lock()
+        self._authorization = authorization
+        self._next_refresh = float("inf")
+        self._last_forced = 0.0
 
 
 HEADERS_S = 30.0  # a watch's response headers must come within this

@@ -28,12 +28,12 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qs, unquote
 
 import orjson
 import structlog
@@ -92,6 +92,10 @@ class Reply:
     content_type: str = "application/json"
     verb: str = ""  # a scheduler verb's reply: its phases are timed (Metrics.observe_phases)
     phases: dict[str, float] | None = None  # decode, work, encode (seconds)
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers (Retry-After, X-RateLimit-*)
+    # A stream (server-sent events): written chunk by chunk after the headers, without a
+    # length; the connection closes when it ends. `body` is ignored.
+    stream: Iterator[bytes] | None = None
 
     @staticmethod
     def json(status: int, body: Any) -> Reply:
@@ -100,6 +104,30 @@ class Reply:
 
 #: A route's handler: (method, path below the route's path, raw body) -> reply.
 Handler = Callable[[str, str, bytes], Reply]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One call as a handler that needs more than the body sees it (the allocation API)."""
+
+    method: str
+    path: str  # below the route's path
+    query: dict[str, list[str]]
+    headers: Mapping[str, str]  # names lower-cased; the last of repeated ones
+    body: bytes
+    client: str = ""
+
+    def param(self, name: str, default: str = "") -> str:
+        values = self.query.get(name)
+        return values[-1] if values else default
+
+
+#: A handler given the whole request (`Route.on_request`).
+RequestHandler = Callable[[Request], Reply]
+
+
+def _no_handler(method: str, path: str, body: bytes) -> Reply:
+    return Reply.json(500, {"error": "route has no handler"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +147,8 @@ class Route:
     verb: bool = False
     # The RBAC verb whatever the method (a POST that only reads, e.g. a preview: "get").
     rbac_verb: str = ""
+    # Given the whole request instead of (method, path, body); authorises its calls itself.
+    on_request: RequestHandler | None = None
 
     def access(self, method: str, rest: str) -> Access | None:
         if not self.rbac:
@@ -160,6 +190,7 @@ class Server(ThreadingHTTPServer):
         authorizer: Authorizer | None = None,
         tls: ServerTLS | None = None,
         routes: list[Route] | None = None,
+        first_routes: list[Route] | None = None,
         admin: bool = True,
     ) -> None:
         self.limits = limits
@@ -186,6 +217,7 @@ class Server(ThreadingHTTPServer):
         ]
         self.routes: list[Route] = [
             *(admin_routes if admin else ()),
+            *(first_routes or ()),  # before the reads: they serve paths below a read's prefix
             *(
                 Route(any_, prefix, _api(api), prefix=True, max_body=limits.api_body, rbac=_resource(prefix))
                 for prefix, api in (apis or {}).items()
@@ -479,7 +511,12 @@ class _Handler(BaseHTTPRequestHandler):
             if denied is not None:
                 self._send(Reply.json(denied.status, {"Error": denied.message}))
                 return
-        reply = route.handler(method, rest, body)
+        if route.on_request is not None:
+            query = parse_qs(self.path.split("?", 1)[1], keep_blank_values=True) if "?" in self.path else {}
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            reply = route.on_request(Request(method, rest, query, headers, body, str(self.client_address[0])))
+        else:
+            reply = route.handler(method, rest, body)
         sending = time.perf_counter()
         self._send(reply)
         if reply.phases is not None:
@@ -544,11 +581,38 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, reply: Reply) -> None:
         self.connection.settimeout(self.server.limits.read_timeout_s)  # a client that never reads
+        if reply.stream is not None:
+            self._stream(reply)
+            return
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))
+        for name, value in reply.headers:
+            self.send_header(name, value)
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(reply.body)
+
+    def _stream(self, reply: Reply) -> None:
+        """A stream's chunks as they come; each write must be taken within the read timeout
+        (a watcher that stops reading is dropped), and the source is closed however it ends."""
+        assert reply.stream is not None
+        self.close_connection = True
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Cache-Control", "no-cache")
+            for name, value in reply.headers:
+                self.send_header(name, value)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.flush()
+            for chunk in reply.stream:
+                self.wfile.write(chunk)
+                self.wfile.flush()
+        finally:
+            close = getattr(reply.stream, "close", None)
+            if close is not None:
+                close()

@@ -179,6 +179,21 @@ class GangState:
     hold_tried: float = -HOLD_RETRY_S  # monotonic time a starvation hold was last looked for
 
 
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """`GangManager.what_if`'s answer."""
+
+    placed: bool
+    placement: dict[str, str] = field(default_factory=dict)  # member name -> node
+    status: str = ""  # the solver's (optimal, feasible)
+    reason: str = ""  # why not now
+    never: bool = False  # it cannot fit even on the empty cluster
+    proof: str = ""  # the solver's explanation on the empty cluster
+    error: str = ""  # the request is invalid (the solver's words)
+    preempts: tuple[str, ...] = ()  # pods it would evict to be placed (with `placement` then)
+    preemption: str = ""  # the victim search's summary: who, why, where
+
+
 class GangManager:
     def __init__(
         self,
@@ -606,6 +621,72 @@ class GangManager:
             return self.planner(snapshot, valid, params=params), invalid
         except (ValueError, KeyError, IndexError) as e:  # only together: fail them all, plainly
             return None, {a.name: f"{type(e).__name__}: {e}" for a in asks}
+
+    def what_if(self, spec: GangSpec, pods: list[PodInfo], *, queue: str = "") -> WhatIf:
+        """Where a gang that is not submitted yet would be placed now, as its first plan would
+        place it on an unchanged cluster (the same request, snapshot and solver), reserving and
+        writing nothing; and when it does not fit now, whether it ever could: the same request
+        on the cluster with every pod gone (not fitting there is the proof it never will)."""
+        pods = sorted(pods, key=lambda p: (p.created, p.name))
+        entry = Entry(spec.key, spec, Members(pods, []))
+        snapshot = self.cache.snapshot()
+        hardware = self.cache.hardware
+        with self.lock:
+            ask = requests.request(snapshot, entry, hardware=hardware, pool_models=self.cache.pool_models)
+            ask = held.fence(ask, snapshot, self._held_against(entry, queue))
+        result, invalid = self._solve(snapshot, [ask])
+        if result is None:
+            return WhatIf(False, error=invalid.get(ask.name, "the solver refused the request"), never=True)
+        gang = result.gang(ask.name)
+        if gang.explanation.startswith(solver.INVALID_REQUEST):
+            return WhatIf(False, error=gang.explanation, never=True)
+        if gang.outcome is Outcome.PLACED:
+            taken: dict[str, int] = {}
+            placement: dict[str, str] = {}
+            for a in sorted(gang.assignments, key=lambda a: a.rank):
+                member = entry.groups[a.group][taken.setdefault(a.group, 0)]
+                taken[a.group] += 1
+                placement[member.name] = a.node
+            return WhatIf(True, placement=placement, status=result.status.value)
+        preemption = self._what_if_preemption(spec, pods, ask, entry, snapshot)
+        if preemption is not None:
+            return replace(preemption, reason=gang.explanation)
+        empty = self.cache.snapshot_without(lambda p: True)
+        alone = requests.request(
+            empty, Entry(spec.key, spec, Members(pods, [])), hardware=hardware, pool_models=self.cache.pool_models
+        )
+        ever, _ = self._solve(empty, [alone])
+        never = ever is not None and ever.gang(alone.name).outcome is not Outcome.PLACED
+        proof = ever.gang(alone.name).explanation if never and ever is not None else ""
+        return WhatIf(False, reason=gang.explanation, never=never, proof=proof)
+
+    def _what_if_preemption(
+        self, spec: GangSpec, pods: list[PodInfo], ask: GangRequest, entry: Entry, snapshot: ClusterSnapshot
+    ) -> WhatIf | None:
+        """Whom the gang would preempt now, and where it would then go (None: no one). The
+        victim search's evictions are dry runs: nothing is evicted or reserved."""
+        config = self.queue_config()
+        if self.preemptor is None or not (config.preemption or config.reclaim):
+            return None
+        verdict = self.admission.check_gang(pods, {})
+        who = Claimant(spec.key, verdict.queue, ask.priority, ask, verdict.need, verdict.excess)
+        params = self.params()
+        params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_SOLVE_S))
+        decision = self.preemptor.decide(snapshot, who, params)
+        if isinstance(decision, str):
+            return None
+        taken: dict[str, int] = {}
+        placement: dict[str, str] = {}
+        for a in sorted(decision.plan.assignments, key=lambda a: a.rank):
+            member = entry.groups[a.group][taken.setdefault(a.group, 0)]
+            taken[a.group] += 1
+            placement[member.name] = a.node
+        return WhatIf(
+            False,
+            placement=placement,
+            preempts=tuple(sorted(p.key for p in decision.victims)),
+            preemption=decision.summary,
+        )
 
     def _invalid(self, state: GangState, spec: GangSpec, error: str) -> None:
         """A gang the solver cannot take as requested: its own error, status and event."""
