@@ -220,7 +220,7 @@ class Extender:
             Reflector(
                 kube,
                 "/api/v1/pods",
-                on_list=self.cache.replace_pod_infos,
+                on_list=self._pods_listed,
                 on_event=self._pod_event,
                 name="pods",
                 prepare=pod_info,
@@ -574,7 +574,13 @@ class Extender:
 
     def _pod_event(self, kind: str, obj: dict[str, Any]) -> None:
         self.gangs.renominate(kind, obj)  # a planned member's nomination, cleared by a failed cycle
-        self.cache.pod_event(kind, obj)
+        with self.api.applying(str((obj.get("metadata") or {}).get("resourceVersion", ""))):
+            self.cache.pod_event(kind, obj)
+
+    def _pods_listed(self, items: list[Any]) -> None:
+        with self.api.applying(""):
+            self.cache.replace_pod_infos(items)
+            self.api.relisted(self.reflectors[1].resource_version)
 
     def _config_event(self, kind: str, obj: dict[str, Any]) -> None:
         if kind == "DELETED":

@@ -50,9 +50,11 @@ class Access:
     name: str = ""
     group: str = GROUP
     namespace: str = ""
+    subresource: str = ""  # e.g. "eviction" of pods
 
     def __str__(self) -> str:
         what = f"{self.verb} {self.group + '/' if self.group else ''}{self.resource}"
+        what += f"/{self.subresource}" if self.subresource else ""
         return what + (f" {self.name!r}" if self.name else "") + (f" in {self.namespace!r}" if self.namespace else "")
 
 
@@ -98,7 +100,16 @@ class KubeAuthorizer:
             user = self._cached(("user", digest), lambda: self._review(token))
             if user is None:
                 return Denied(401, "the API server did not authenticate this token")
-            key = ("sar", digest, access.verb, access.group, access.resource, access.namespace, access.name)
+            key = (
+                "sar",
+                digest,
+                access.verb,
+                access.group,
+                access.resource,
+                access.subresource,
+                access.namespace,
+                access.name,
+            )
             allowed, reason = self._cached(key, lambda: self._allowed(user, access))
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("credentials not verified", error=str(e))
@@ -139,6 +150,8 @@ class KubeAuthorizer:
             attributes["name"] = access.name
         if access.namespace:
             attributes["namespace"] = access.namespace
+        if access.subresource:
+            attributes["subresource"] = access.subresource
         spec = {
             "user": user.name,
             "uid": user.uid,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ log = structlog.get_logger("phalanx.api")
 JSON = dict[str, Any]
 QUEUES = "/apis/phalanx.io/v1alpha1/queues"
 DAEMONSET = "DaemonSet"
+REPORT_S = 1.0  # how long a cluster or queue report serves
 
 
 def _pct(used: int, limit: int) -> str:
@@ -196,13 +197,16 @@ class DrainState:
     evicted: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # pod -> last refusal
     waiting_gangs: set[str] = field(default_factory=set)
+    # API jobs whose gang was evicted: "ns/name" -> the uids to see gone before it is made again
+    requeue: dict[str, set[str]] = field(default_factory=dict)
+    requeued: dict[str, list[str]] = field(default_factory=dict)  # "ns/name" -> the pods made again
     done: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
 
     def json(self, remaining: list[PodInfo], waiting: int) -> JSON:
         """`waiting`: how many of `remaining` are members of gangs the drain leaves (`Wait`)."""
         pending = len(remaining)
-        if not pending:
+        if not pending and not self.requeue:
             status = "Drained"
         elif time.monotonic() > self.deadline:
             status = "TimedOut"
@@ -219,14 +223,19 @@ class DrainState:
             "progress": {"evicted": len(self.evicted), "pending": pending, "failed": len(self.failed)},
             "failures": dict(list(self.failed.items())[:20]),
             "waitingGangs": sorted(self.waiting_gangs),
+            "requeued": {job: sorted(pods) for job, pods in self.requeued.items()},
+            "requeuePending": sorted(self.requeue),
             "startedAt": rfc3339(time.time() - (time.monotonic() - self.started)),
         }
 
 
 class Nodes:
-    def __init__(self, ctx: Context, evictions: EvictionLog) -> None:
+    def __init__(
+        self, ctx: Context, evictions: EvictionLog, requeue: Callable[[Kube, str, str], list[str]] | None = None
+    ) -> None:
         self.ctx = ctx
         self.evictions = evictions
+        self.requeue = requeue or (lambda kube, ns, name: [])  # an API job's pods made again
         self.drains: dict[str, DrainState] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -294,6 +303,7 @@ class Nodes:
         would wait for (`Wait`)."""
         state = DrainState(name, body.reason, body.gracePeriodSeconds, policy, time.monotonic(), time.monotonic())
         evict: dict[str, list[str]] = {}
+        requeue: set[str] = set()
         for pod in self._remaining(state, body):
             key = self.ctx.gangs.gang_of(pod)
             if key and policy == "Wait":
@@ -301,6 +311,8 @@ class Nodes:
                 continue
             members = [m for m in self.ctx.gangs.membership.member_pods(key) if m.active] if key else []
             evict[key or pod.key] = sorted({m.key for m in members} | {pod.key})
+            if key and _api_job(pod):
+                requeue.add(_api_job(pod))
         return {
             "node": name,
             "status": "DryRun",
@@ -308,6 +320,7 @@ class Nodes:
             "wouldEvict": evict,
             "allocationsToEvict": sum(len(v) for v in evict.values()),
             "waitingGangs": sorted(state.waiting_gangs),
+            "wouldRequeue": sorted(requeue),
         }
 
     def drain_status(self, req: Request, name: str) -> Reply:
@@ -333,9 +346,11 @@ class Nodes:
                 log.exception("drain pass failed", node=state.node)
 
     def _pass(self, kube: Kube, state: DrainState, body: models.Drain) -> bool:
-        """One round of evictions; True while pods remain."""
+        """One round of evictions, and the requeue of API jobs whose gang is gone; True while
+        pods remain or a requeue waits."""
+        self._requeue(kube, state)
         remaining = self._remaining(state, body)
-        if not remaining:
+        if not remaining and not state.requeue:
             state.done = True
             return False
         gangs = self.ctx.gangs
@@ -347,6 +362,9 @@ class Nodes:
                     state.waiting_gangs.add(key)
                     continue
                 victims = [m for m in gangs.membership.member_pods(key) if m.active] or [pod]
+                job = _api_job(pod)
+                if job:  # made again once its evicted members are gone
+                    state.requeue.setdefault(job, set()).update(v.uid for v in victims)
             for victim in victims:
                 if victim.key in state.evicted:
                     continue
@@ -366,6 +384,17 @@ class Nodes:
                         state.grace_s if state.grace_s is not None else 30,
                     )
         return True
+
+    def _requeue(self, kube: Kube, state: DrainState) -> None:
+        for job, uids in list(state.requeue.items()):
+            if any((p := self.ctx.cache.pod(uid)) is not None and p.active for uid in uids):
+                continue
+            ns, name = job.split("/", 1)
+            try:
+                state.requeued.setdefault(job, []).extend(self.requeue(kube, ns, name))
+                del state.requeue[job]
+            except ApiError as e:
+                state.failed[f"requeue {job}"] = e.message
 
     def _evict(self, kube: Kube, pod: PodInfo, state: DrainState) -> str:
         body: JSON = {
@@ -419,6 +448,13 @@ class Nodes:
                 yield b"id: %d\ndata: %s\n\n" % (n.seq, orjson.dumps(n.json()))
 
 
+def _api_job(pod: PodInfo) -> str:
+    """ "ns/name" of the API job the pod belongs to ("" for none)."""
+    if pod.labels.get(convert.KIND_LABEL) != "job" or not pod.labels.get(convert.JOB_LABEL):
+        return ""
+    return f"{pod.namespace}/{pod.labels[convert.JOB_LABEL]}"
+
+
 def _daemon(pod: PodInfo) -> bool:
     return any(o.kind == DAEMONSET and o.controller for o in pod.owners)
 
@@ -429,9 +465,26 @@ class Monitoring:
         self.usage = usage
         self.latencies = latencies
         self.evictions = evictions
+        self._memo: dict[str, tuple[float, Reply]] = {}
+        self._lock = threading.Lock()
+
+    def _recent(self, key: str, build: Callable[[], Reply]) -> Reply:
+        """A report built at most once a second, however many ask (each caller authorised)."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._memo.get(key)
+            if hit is not None and now - hit[0] < REPORT_S:
+                return hit[1]
+        reply = build()
+        with self._lock:
+            self._memo[key] = (time.monotonic(), reply)
+        return reply
 
     def cluster(self, req: Request) -> Reply:
         self.ctx.authorize(req, Access("list", "nodes", "", ""))
+        return self._recent("cluster", self._cluster)
+
+    def _cluster(self) -> Reply:
         infos = self.ctx.cache.node_infos()
         snapshot = self.ctx.cache.snapshot()
         free = {n.name: n for n in snapshot.nodes}
@@ -486,6 +539,23 @@ class Monitoring:
             },
         )
 
+    def _default_queue(self) -> Reply:
+        pending = [p for p in self.ctx.pods() if not p.node and p.active]
+        keys = {k for k in self.ctx.gangs.gangs_of(pending) if k}
+        oldest = min((p.created for p in pending), default="")
+        name = self.ctx.queues.config.default_queue
+        waits = self.latencies.window(3600)
+        queue = {
+            "name": name,
+            "depth": len(pending),
+            "pendingGangs": len(keys),
+            "oldestItem": oldest or None,
+            "avgWaitTime": f"{sum(waits) / len(waits):.0f}s" if waits else "0s",
+            "p99WaitTime": f"{percentile(waits, 99):.0f}s",
+            "samples": len(waits),
+        }
+        return ok(200, {"queues": [queue]})
+
     def tenant(self, req: Request, tenant: str) -> Reply:
         self.ctx.authorize(req, Access("list", "pods", "", "", tenant))
         try:
@@ -537,6 +607,11 @@ class Monitoring:
 
     def queues(self, req: Request) -> Reply:
         self.ctx.authorize(req, Access("list", "queues", ""))
+        return self._recent("queues", self._queues)
+
+    def _queues(self) -> Reply:
+        if not self.ctx.queues.active:  # no Queue objects: one queue, counted from a reading
+            return self._default_queue()
         out = []
         for v in self.ctx.queues.views():
             waits = self.latencies.window(3600, queue=v.name)

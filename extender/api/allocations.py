@@ -25,7 +25,7 @@ import orjson
 import structlog
 
 from extender.api import convert, models
-from extender.api.context import Context, call
+from extender.api.context import Context, Reading, call
 from extender.api.core import (
     ApiError,
     FieldRequirement,
@@ -41,9 +41,11 @@ from extender.api.core import (
 from extender.api.monitor import EvictionLog
 from extender.auth import Access
 from extender.gangs.sources import WORKLOAD, GangObjects, GangSpec, definition_spec
+from extender.kube import Kube
 from extender.objects import PodInfo, pod_info
+from extender.selectors import Selector
 from extender.server import Reply, Request
-from solver import GangName
+from solver import GangName, TopologyRequest
 
 log = structlog.get_logger("phalanx.api")
 
@@ -78,6 +80,8 @@ class Allocations:
         self.evictions = evictions
         self.watchers = threading.BoundedSemaphore(ctx.config().max_watchers)
         self.stopping = threading.Event()
+        self._order: tuple[Reading, _Order] | None = None
+        self._order_lock = threading.Lock()
 
     # ------------------------------------------------------------------ shared
 
@@ -86,19 +90,35 @@ class Allocations:
 
     def order(self) -> _Order:
         """Every queue's pending units (a gang counts once, by its oldest member) in the order
-        they are served: higher priority first, then older. One pass over the cache."""
+        they are served: higher priority first, then older. One pass over a reading of the
+        allocations, kept with it."""
+        reading = self.ctx.read()
+        memo = self._order
+        if memo is not None and memo[0] is reading:
+            return memo[1]
+        with self._order_lock:  # one computation per reading, however many requests wait for it
+            memo = self._order
+            if memo is not None and memo[0] is reading:
+                return memo[1]
+            order = self._compute_order(reading)
+            self._order = (reading, order)
+            return order
+
+    def _compute_order(self, reading: Reading) -> _Order:
         units: dict[str, tuple[tuple[int, str, str], str]] = {}
-        for p in self.ctx.pods():
-            if p.node or not p.active:
-                continue
-            unit = self.ctx.gangs.gang_of(p) or p.key
-            key = (-self._priority(p), p.created, unit)
+        pending = [p for p in reading.pods if not p.node and p.active]
+        priorities: dict[str, int] = {}
+        for p, key in zip(pending, self.ctx.gangs.gangs_of(pending), strict=True):
+            unit = key or p.key
+            if key and key not in priorities:
+                priorities[key] = self.ctx.gangs.spec_priority(key)
+            mine = (-(priorities.get(key) or p.priority), p.created, unit)
             have = units.get(unit)
-            if have is None or key < have[0]:
-                units[unit] = (key, self._queue(p))
+            if have is None or mine < have[0]:
+                units[unit] = (mine, have[1] if have is not None else self._queue(p))
         by_queue: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-        for key, queue in units.values():
-            by_queue[queue].append(key)
+        for sort_key, queue in units.values():
+            by_queue[queue].append(sort_key)
         for keys in by_queue.values():
             keys.sort()
         return _Order(units, by_queue)
@@ -129,10 +149,8 @@ class Allocations:
 
     def _quota(self, pods: list[PodInfo], queue: str) -> None:
         """403 when the pods would take their queue past a hard limit."""
-        need: dict[str, int] = {}
         admitted = self.ctx.queues.check_gang(pods, {})
-        need = admitted.need
-        refusal = self.ctx.queues.check_limit(queue or admitted.queue, need, {}, "request")
+        refusal = self.ctx.queues.check_limit(queue or admitted.queue, admitted.need, {}, "request")
         if refusal:
             raise ApiError(403, f"exceeded quota: {refusal}", details={"queue": queue or admitted.queue})
 
@@ -185,13 +203,16 @@ class Allocations:
                 labels={convert.KIND_LABEL: "allocation"},
             )
             del workload["spec"]["gangGroups"][0]["maxCount"]
-        info = _pod_info(pod, dry_run_uid=True)
+        info = _pod_info(pod)
         queue = self._queue(info)
         self._quota([info], queue)
-        spec = _spec(workload, ns) if workload is not None else _single(info)
-        plan = (
-            self._plan(spec, [info], queue=queue) if workload is None or gang is None or gang.minMembers <= 1 else None
-        )
+        # A gang of several is planned once its members exist; each member alone must still be
+        # placeable on the empty cluster (else 422 now, not a gang that waits forever).
+        alone = gang is None or gang.minMembers <= 1
+        spec = _spec(workload, ns) if workload is not None and alone else _single(info)
+        plan = self._plan(spec, [info], queue=queue)
+        if not alone:
+            plan = {"placeable": None, "reason": "a gang is planned once its members exist"}
         query = {"dryRun": "All"} if dry else None
         if workload is not None:
             try:
@@ -217,10 +238,8 @@ class Allocations:
         created = pod_info(r.body)
         out = convert.allocation(created, queue=queue, position=None if dry else self.position(created))
         if dry:
-            out["status"]["dryRun"] = (
-                plan if plan is not None else {"placeable": None, "reason": "a gang is planned once its members exist"}
-            )
-        elif plan is not None and plan.get("placeable") is False:
+            out["status"]["dryRun"] = plan
+        elif plan.get("placeable") is False:
             out["status"]["conditions"][0]["message"] = plan["reason"]
         return ok(200 if dry else 201, out)
 
@@ -242,16 +261,18 @@ class Allocations:
         labels = selector(req.param("labelSelector"), "labelSelector")
         fields = field_selector(req.param("fieldSelector"), FIELDS)
         limit = int_param(req.param("limit"), "limit", low=1, high=MAX_LIST, default=MAX_LIST)
-        rv = self.ctx.pods_rv()
+        reading = self.ctx.read()
+        rv = reading.rv
         after = ""
         if req.param("continue"):
             _, after = decode_continue(req.param("continue"))
-        pods = sorted(
-            (p for p in self.ctx.pods(ns) if (labels is None or labels.matches(p.labels)) and _fields_match(p, fields)),
-            key=lambda p: (p.namespace, p.name),
-        )
-        if after:
-            pods = [p for p in pods if f"{p.namespace}/{p.name}" > after]
+        pods = [  # the reading is in (namespace, name) order: so is every page
+            p
+            for p in reading.by_ns.get(ns, ())
+            if (labels is None or labels.matches(p.labels))
+            and _fields_match(p, fields)
+            and (not after or p.key > after)
+        ]
         page, rest = pods[:limit], pods[limit:]
         order = self.order()
         meta: JSON = {"resourceVersion": rv}
@@ -270,10 +291,13 @@ class Allocations:
 
     def watch(self, req: Request, ns: str) -> Reply:
         """Server-sent events of the namespace's allocations from `resourceVersion` (or the
-        `Last-Event-ID` a reconnecting EventSource sends): the API server's own watch of the
-        pods, with the caller's token, so a watch resumed from a version misses nothing and
-        repeats nothing, across restarts of this process, as far back as the API server keeps
-        history (410 Expired past it: list again)."""
+        `Last-Event-ID` a reconnecting EventSource sends; none: every current allocation as
+        ADDED, then the changes). Served from the event history of the extender's own pod
+        watch (`events.py`: one upstream watch for every watcher) when it covers that version;
+        from an older one (before this process started), by the API server's own watch of the
+        pods with the caller's token. Either way a watch resumed from a version misses nothing
+        and repeats nothing, as far back as the API server keeps history (past it, an ERROR
+        event with 410: list again)."""
         labels = req.param("labelSelector")
         selector(labels, "labelSelector")
         fields = field_selector(req.param("fieldSelector"), WATCH_FIELDS)
@@ -283,9 +307,7 @@ class Allocations:
             raise ApiError(400, f"resourceVersion: {rv[:32]!r} is not a resource version")
         scheduler = self.ctx.config().scheduler_name
         server_fields = [f"spec.schedulerName={scheduler}"] + [
-            f"{WATCH_FIELDS[f.path]}{'=' if f.equal else '!='}{_server_phase(f)}"
-            for f in fields
-            if f.path != "status.phase" or f.value in ("Pending", "Running", "Succeeded", "Failed")
+            f"{WATCH_FIELDS[f.path]}{'=' if f.equal else '!='}{f.value}" for f in fields if f.path != "status.phase"
         ]
         query = {
             "watch": "1",
@@ -300,8 +322,61 @@ class Allocations:
         self.ctx.authorize(req, Access("watch", "pods", "", "", ns))
         if not self.watchers.acquire(blocking=False):
             raise ApiError(503, "too many watch streams open; retry later", headers=(("Retry-After", "5"),))
+        history = self.ctx.events
+        wanted = selector(labels, "labelSelector")
+        until = time.monotonic() + timeout
+        if not rv:
+            reading = self.ctx.read()
+            if reading.rv.isdigit() and history.covers(int(reading.rv)):
+                stream = self._served(list(reading.by_ns.get(ns, ())), int(reading.rv), ns, wanted, fields, until)
+                return Reply(200, b"", content_type="text/event-stream", stream=stream)
+        elif history.covers(int(rv)):
+            stream = self._served([], int(rv), ns, wanted, fields, until)
+            return Reply(200, b"", content_type="text/event-stream", stream=stream)
         events = self.ctx.as_caller(req).stream(f"/api/v1/namespaces/{ns}/pods", query)
         return Reply(200, b"", content_type="text/event-stream", stream=self._events(events, fields, ns))
+
+    def _frame(self, kind: str, pod: PodInfo, rv: int) -> bytes:
+        payload = {"type": kind, "object": convert.allocation(pod, queue=self._queue(pod))}
+        return b"id: %d\ndata: %s\n\n" % (rv, orjson.dumps(payload))
+
+    def _served(
+        self,
+        current: list[PodInfo],
+        rv: int,
+        ns: str,
+        wanted: Selector | None,
+        fields: list[FieldRequirement],
+        until: float,
+    ) -> Iterator[bytes]:
+        """A watch served from the event history: `current` as ADDED at version `rv`, then
+        every event after it, each frame encoded once for all its watchers."""
+        scheduler = self.ctx.config().scheduler_name
+
+        def matches(pod: PodInfo) -> bool:
+            return (
+                pod.namespace == ns
+                and pod.scheduler == scheduler
+                and (wanted is None or wanted.matches(pod.labels))
+                and _fields_match(pod, fields)
+            )
+
+        try:
+            yield b": watching\n\n" + b"".join(self._frame("ADDED", p, rv) for p in current if matches(p))
+            for batch, at in self.ctx.events.follow(rv, self.stopping, until):
+                if not batch:
+                    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(at)}}}
+                    yield b"id: %d\ndata: %s\n\n" % (at, orjson.dumps(bookmark))
+                frames = []
+                for event in batch:
+                    if matches(event.pod):
+                        if not event.encoded:  # the first watcher to send it encodes it
+                            event.encoded = self._frame(event.kind, event.pod, event.rv)
+                        frames.append(event.encoded)
+                if frames:
+                    yield b"".join(frames)  # one write per batch
+        finally:
+            self.watchers.release()
 
     def _events(self, events: Iterator[JSON], fields: list[FieldRequirement], ns: str) -> Iterator[bytes]:
         """The stream's events; a failure of the API server's watch (an expired version: 410)
@@ -341,6 +416,10 @@ class Allocations:
             options.gracePeriodSeconds = int_param(grace, "gracePeriodSeconds", low=0, high=86_400, default=30)
         dry = dry_run(req.param("dryRun"))
         self.ctx.authorize(req, Access("delete", "pods", name, "", ns))
+        target = next((p for p in self.ctx.fresh_pods(ns) if p.name == name), None)
+        if target is None:  # only an allocation: never another scheduler's pod of that name
+            raise ApiError(404, f'allocations "{name}" not found in namespace {ns!r}', details={"name": name})
+        options.preconditions = {"uid": target.uid, **options.preconditions}
         body: JSON = {"apiVersion": "v1", "kind": "DeleteOptions"}
         if options.gracePeriodSeconds is not None:
             body["gracePeriodSeconds"] = options.gracePeriodSeconds
@@ -379,7 +458,7 @@ class Allocations:
         self.ctx.authorize(req, Access("delete", "pods", "", "", ns))
         labels = selector(body.labelSelector, "labelSelector")
         assert labels is not None
-        chosen = [p for p in self.ctx.pods(ns) if p.active and labels.matches(p.labels)]
+        chosen = [p for p in self.ctx.fresh_pods(ns) if p.active and labels.matches(p.labels)]
         kube = self.ctx.as_caller(req)
         released, failed, errors = 0, 0, []
         freed: dict[str, float] = {}
@@ -419,8 +498,13 @@ class Allocations:
         if body.metadata.namespace not in (None, ns):
             raise ApiError(400, f"metadata.namespace {body.metadata.namespace!r} is not the path's {ns!r}")
         name = body.metadata.name
-        if len(name) > 52:
-            raise ApiError(400, f"job {ns}/{name}: metadata.name: at most 52 characters (its pods are <name>-<index>)")
+        if len(name) > 45:
+            raise ApiError(
+                400,
+                f"job {ns}/{name}: metadata.name: at most 45 characters (its pods are <name>-<index>, "
+                "and <name>-<index>-<suffix> when requeued)",
+                causes=[{"field": "metadata.name", "message": "at most 45 characters"}],
+            )
         dry = dry_run(req.param("dryRun"))
         self.ctx.authorize(req, Access("create", "workloads", name, "phalanx.io", ns))
         spec = body.spec
@@ -435,12 +519,14 @@ class Allocations:
             scheduling=spec.template.spec.scheduling,
             labels=labels,
         )
-        workload["metadata"]["annotations"] = dict(body.metadata.annotations)
+        # What a requeue (after a drain evicted the gang) makes the pods again from.
+        spec_record = orjson.dumps({"spec": spec.model_dump(mode="json"), "labels": body.metadata.labels}).decode()
+        workload["metadata"]["annotations"] = {**body.metadata.annotations, convert.JOB_SPEC_ANNOTATION: spec_record}
         try:
             pods = convert.job_pods(name, ns, spec, body.metadata.labels, self.ctx.config().scheduler_name)
         except ValueError as e:
             raise ApiError(400, f"job {ns}/{name}: spec.template.spec.scheduling: {e}") from None
-        infos = [_pod_info(p, dry_run_uid=True) for p in pods]
+        infos = [_pod_info(p) for p in pods]
         queue = self._queue(infos[0])
         self._quota(infos, queue)
         plan = self._plan(_spec(workload, ns), infos, queue=queue)
@@ -452,16 +538,7 @@ class Allocations:
         try:
             for pod in pods:
                 if not dry:
-                    pod["metadata"]["ownerReferences"] = [
-                        {
-                            "apiVersion": convert.WORKLOAD_API,
-                            "kind": "Workload",
-                            "name": name,
-                            "uid": owner.get("uid", ""),
-                            "controller": True,
-                            "blockOwnerDeletion": True,
-                        }
-                    ]
+                    pod["metadata"]["ownerReferences"] = [_owner(name, owner)]
                 call(
                     kube,
                     "POST",
@@ -509,6 +586,33 @@ class Allocations:
         order = self.order()
         oldest = min((p.created for p in infos), default="")
         return order.position(queue, (-priority, oldest, unit), ignore=unit)
+
+    def requeue_job(self, kube: Kube, ns: str, name: str) -> list[str]:
+        """Make again the pods of an API job whose pods are gone (its gang was evicted by a
+        drain): one per index without an active pod, from the spec recorded at submission,
+        with the given caller's credentials. The names made."""
+        obj = self.ctx.gangs.objects.get(WORKLOAD, ns, name)
+        meta = (obj or {}).get("metadata") or {}
+        record = (meta.get("annotations") or {}).get(convert.JOB_SPEC_ANNOTATION)
+        if obj is None or not record or meta.get("deletionTimestamp"):
+            return []  # cancelled meanwhile, or not an API job
+        saved = orjson.loads(record)
+        spec = models.JobSpec.model_validate(saved["spec"])
+        have = {
+            p.labels.get(convert.INDEX_LABEL)
+            for p in self.ctx.fresh_pods(ns)
+            if p.active and p.labels.get(convert.JOB_LABEL) == name
+        }
+        made = []
+        suffix = uuid.uuid4().hex[:5]
+        for pod in convert.job_pods(name, ns, spec, saved.get("labels") or {}, self.ctx.config().scheduler_name):
+            if pod["metadata"]["labels"][convert.INDEX_LABEL] in have:
+                continue
+            pod["metadata"]["name"] += f"-{suffix}"
+            pod["metadata"]["ownerReferences"] = [_owner(name, meta)]
+            call(kube, "POST", f"/api/v1/namespaces/{ns}/pods", f"requeue of job {ns}/{name}", body=pod)
+            made.append(pod["metadata"]["name"])
+        return made
 
     def _job_pods(self, ns: str, name: str) -> list[PodInfo]:
         return sorted(
@@ -704,7 +808,7 @@ class Allocations:
         dry run, so a refusal evicts nobody."""
         body = read_body(models.Preemption, req.body, f"preemption in {ns}")
         dry = dry_run(req.param("dryRun"))
-        self.ctx.authorize(req, Access("create", "pods", "", "", ns))
+        self.ctx.authorize(req, Access("create", "pods", "", "", ns, subresource="eviction"))
         target = self.ctx.pod(ns, body.targetAllocation)
         members: list[PodInfo]
         if target is not None:
@@ -766,6 +870,18 @@ class Allocations:
         )
 
 
+def _owner(name: str, meta: JSON) -> JSON:
+    """The job's pods belong to its Workload (deleting it deletes them)."""
+    return {
+        "apiVersion": convert.WORKLOAD_API,
+        "kind": "Workload",
+        "name": name,
+        "uid": meta.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def _spec(workload: JSON, ns: str) -> GangSpec:
     objects = GangObjects()
     obj = {**workload, "metadata": {**workload["metadata"], "namespace": ns}}
@@ -797,17 +913,11 @@ def _single(pod: PodInfo) -> GangSpec:
         min_count=1,
         count=1,
         timeout_s=60,
-        topology=_no_topology(),
+        topology=TopologyRequest(),
     )
 
 
-def _no_topology() -> Any:
-    from solver import TopologyRequest
-
-    return TopologyRequest()
-
-
-def _pod_info(pod: JSON, *, dry_run_uid: bool) -> PodInfo:
+def _pod_info(pod: JSON) -> PodInfo:
     """A pod not created yet, as the cache would keep it (a made-up uid and this second)."""
     meta = pod["metadata"]
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -825,10 +935,6 @@ def _fields_match(pod: PodInfo, fields: list[FieldRequirement]) -> bool:
         if (value == f.value) != f.equal:
             return False
     return True
-
-
-def _server_phase(f: FieldRequirement) -> str:
-    return f.value
 
 
 def _watch_error(e: Exception, ns: str) -> ApiError:

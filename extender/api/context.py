@@ -3,11 +3,14 @@ server (as Phalanx and as each caller), authorisation and the API's own configur
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extender.api.core import ApiError
+from extender.api.events import Events
 from extender.auth import Access, Authorizer
 from extender.cache import Cache
 from extender.config import ApiConfig
@@ -20,6 +23,18 @@ from extender.server import Request
 JSON = dict[str, Any]
 
 
+READ_S = 0.25  # how long one reading of the allocations serves reads
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    at: float  # monotonic, when built
+    rv: str  # the resourceVersion it is at
+    pods: tuple[PodInfo, ...]  # a Phalanx scheduler's, by namespace and name
+    by_ns: dict[str, list[PodInfo]]
+    by_key: dict[str, PodInfo]  # "namespace/name"
+
+
 @dataclass
 class Context:
     cache: Cache
@@ -30,23 +45,62 @@ class Context:
     authorizer: Authorizer
     config: Callable[[], ApiConfig]
     pods_rv: Callable[[], str]  # the resourceVersion the cache's pods are at (a list's)
+    events: Events = field(default_factory=Events)  # the pod events since the last list (watches)
+    _reading: Reading | None = None
+    _read_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def authorize(self, req: Request, access: Access) -> None:
-        denied = self.authorizer.check(req.headers.get("authorization"), access)
+        """RBAC on the underlying object. A named object is first checked without its name:
+        allowed on every object of the kind is allowed on this one (RBAC only adds), and that
+        answer is cached once per caller and namespace, not once per name."""
+        authorization = req.headers.get("authorization")
+        if access.name and self.authorizer.check(authorization, replace(access, name="")) is None:
+            return
+        denied = self.authorizer.check(authorization, access)
         if denied is not None:
             raise ApiError(denied.status, denied.message)
 
     def as_caller(self, req: Request) -> Kube:
         return self.caller(req.headers.get("authorization", ""))
 
+    def read(self) -> Reading:
+        """The allocations as of one resourceVersion, shared by the reads of the next
+        `READ_S` (rebuilt once, however many requests come): a list of any page size costs
+        the page, not the cluster. Built under the history's lock, so its version is exactly
+        the state it holds (a watch from it misses nothing)."""
+        now = time.monotonic()
+        reading = self._reading
+        if reading is not None and now - reading.at < READ_S:
+            return reading
+        with self._read_lock:
+            reading = self._reading
+            if reading is not None and time.monotonic() - reading.at < READ_S:
+                return reading
+            scheduler = self.config().scheduler_name
+            rv, pods = self.events.snapshot(lambda: self.cache.pods(self.cache.pod_uids()))
+            ours = sorted((p for p in pods if p.scheduler == scheduler), key=lambda p: (p.namespace, p.name))
+            by_ns: dict[str, list[PodInfo]] = {}
+            for p in ours:
+                by_ns.setdefault(p.namespace, []).append(p)
+            rv_text = str(rv) if rv else self.pods_rv()
+            self._reading = reading = Reading(time.monotonic(), rv_text, tuple(ours), by_ns, {p.key: p for p in ours})
+            return reading
+
     def pods(self, namespace: str = "") -> list[PodInfo]:
-        """Active or finished pods a Phalanx scheduler places, in `namespace` ("" for all)."""
+        """Active or finished pods a Phalanx scheduler places, in `namespace` ("" for all),
+        by namespace and name (`read`)."""
+        reading = self.read()
+        return list(reading.by_ns.get(namespace, ()) if namespace else reading.pods)
+
+    def fresh_pods(self, namespace: str) -> list[PodInfo]:
+        """The namespace's pods as the cache holds them now (for a write that must not act on
+        a reading's past)."""
         scheduler = self.config().scheduler_name
         pods = self.cache.pods(self.cache.pod_uids())
-        return [p for p in pods if p.scheduler == scheduler and (not namespace or p.namespace == namespace)]
+        return [p for p in pods if p.namespace == namespace and p.scheduler == scheduler]
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
-        return next((p for p in self.pods(namespace) if p.name == name), None)
+        return self.read().by_key.get(f"{namespace}/{name}")
 
 
 def call(kube: Kube, method: str, path: str, what: str, **kwargs: Any) -> Response:

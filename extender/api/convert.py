@@ -32,6 +32,7 @@ API_VERSION = "phalanx.io/v1"
 KIND_LABEL = "phalanx.io/api"  # "allocation" or "job": made through this API
 JOB_LABEL = "phalanx.io/job"
 INDEX_LABEL = "phalanx.io/job-index"
+JOB_SPEC_ANNOTATION = "phalanx.io/job-spec"  # the submitted spec: what a requeue makes the pods from
 BOOST_ANNOTATION = "phalanx.io/boost"  # {"previous": 200, "expires": "<RFC 3339>", "reason": ..., "by": ...}
 GANG_GROUP = "members"
 WORKLOAD_API = "phalanx.io/v1alpha1"

@@ -12,8 +12,9 @@ import hashlib
 import re
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -71,13 +72,14 @@ class AllocationApi:
         self.latencies = Latencies()
         self.allocations = Allocations(ctx, self.evictions)
         self.quotas = Quotas(ctx, self.usage)
-        self.nodes = Nodes(ctx, self.evictions)
+        self.nodes = Nodes(ctx, self.evictions, requeue=self.allocations.requeue_job)
         self.monitoring = Monitoring(ctx, self.usage, self.latencies, self.evictions)
         config = ctx.config()
         self.limiter = RateLimiter(config.requests_per_minute, config.burst)
         self._limits = (config.requests_per_minute, config.burst, config.max_in_flight)
         self.in_flight = threading.BoundedSemaphore(config.max_in_flight)
         self._last_sample = 0.0
+        self._applying = threading.local()
         self._last_expiry = 0.0
         a, q, n, m = self.allocations, self.quotas, self.nodes, self.monitoring
         ns = "namespaces/{namespace}"
@@ -221,6 +223,9 @@ class AllocationApi:
         if self.node_view is None:
             raise ApiError(404, f"no node view here ({name!r})")
         status, body = self.node_view(name)
+        if status != 200:
+            message = body.get("error") if isinstance(body, dict) else None
+            raise ApiError(status, str(message or f"node {name!r}: HTTP {status}"), details={"name": name})
         return Reply(status, orjson.dumps(body))
 
     def _match(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]]:
@@ -258,15 +263,34 @@ class AllocationApi:
             self.limiter = RateLimiter(config.requests_per_minute, config.burst)
             self.in_flight = threading.BoundedSemaphore(config.max_in_flight)
 
+    @contextmanager
+    def applying(self, resource_version: str) -> Iterator[None]:
+        """Around the cache's application of one pod event of the extender's pod watch (the
+        app's): the changes it makes go into the watch history at that version."""
+        with self.ctx.events.lock:
+            self._applying.rv = resource_version
+            try:
+                yield
+            finally:
+                self._applying.rv = ""
+
+    def relisted(self, resource_version: str) -> None:
+        self.ctx.events.reset(resource_version)
+
     def pod_changed(self, old: PodInfo | None, new: PodInfo | None) -> None:
-        """The cache's listener (under its lock: record only): a pod just bound."""
-        if (
-            new is not None
-            and new.node
-            and (old is None or not old.node)
-            and new.scheduler == self.ctx.config().scheduler_name
-        ):
+        """The cache's listener (under its lock: record only), for every real change of a pod
+        (status chatter the cache skips is no change of an allocation either)."""
+        scheduler = self.ctx.config().scheduler_name
+        if new is not None and new.node and (old is None or not old.node) and new.scheduler == scheduler:
             self.latencies.bound(new, new.labels.get("phalanx.io/queue", ""))
+        rv = getattr(self._applying, "rv", "")
+        pod = new if new is not None else old
+        if not rv or pod is None or pod.scheduler != scheduler:
+            return  # a relist (the history restarts) or another scheduler's pod
+        if new is None:
+            self.ctx.events.add("DELETED", replace(pod, resource_version=rv), rv)
+        else:
+            self.ctx.events.add("ADDED" if old is None else "MODIFIED", new, rv)
 
     def stop(self) -> None:
         self.allocations.stopping.set()

@@ -237,6 +237,14 @@ class GangManager:
     def gang_of(self, pod: PodInfo) -> str:
         return self.membership.gang_of(pod)
 
+    def gangs_of(self, pods: list[PodInfo]) -> list[str]:
+        return self.membership.gangs_of(pods)
+
+    def spec_priority(self, key: str) -> int:
+        """The priority a gang's definition gives it (0: none)."""
+        state = self.gangs.get(key) if key else None
+        return state.spec.priority if state is not None and state.spec is not None else 0
+
     def _resolve(self, pod: PodInfo) -> tuple[str, Resolution] | None:
         """The pod's gang key and definition, or None when it is scheduled as a single pod."""
         key = self.gang_of(pod)

@@ -110,6 +110,13 @@ class Membership:
             known = self._key_of.get(pod.uid)
         return known if known is not None else self.key(pod)
 
+    def gangs_of(self, pods: list[PodInfo]) -> list[str]:
+        """`gang_of` for many pods: one settle, one lock."""
+        self.settle()
+        with self._lock:
+            known = [self._key_of.get(p.uid) for p in pods]
+        return [k if k is not None else self.key(p) for k, p in zip(known, pods, strict=True)]
+
     def rekey(self, uids: set[str]) -> None:
         """Pods whose RI owner just appeared: compute their gang again, and wake them."""
         pods = self.cache.pods(uids)
