@@ -90,6 +90,20 @@ class KubeAuthorizer:
         self._cache: OrderedDict[tuple[str, ...], tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def identify(self, authorization: str | None) -> User | Denied:
+        """Who the token is (TokenReview, cached), or why not."""
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return Denied(401, "authentication required: send 'Authorization: Bearer <token>'")
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        try:
+            user = self._cached(("user", digest), lambda: self._review(token))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("credentials not verified", error=str(e))
+            return Denied(503, f"cannot verify credentials now: {e}")
+        return user if user is not None else Denied(401, "the API server did not authenticate this token")
+
     def check(self, authorization: str | None, access: Access) -> Denied | None:
         scheme, _, token = (authorization or "").strip().partition(" ")
         token = token.strip()

@@ -101,7 +101,6 @@ class Preemptor:
         self.report = report  # (object, reason, message): a Warning Event, queued
         self.counted = counted  # (preemptor's queue, kind, pods evicted): /metrics
         self._counts: dict[str, list[int]] = {}  # queue -> [preemptions, reclaims] it made
-        self._held: dict[str, dict[str, int]] = {}  # unit -> what its queue counts it holding (last search)
 
     def counts_of(self, queue: str) -> tuple[int, int]:
         """(preemptions, reclaims) made for gangs of `queue` since start (Queue status)."""
@@ -109,7 +108,13 @@ class Preemptor:
         return made[0], made[1]
 
     def decide(
-        self, snapshot: ClusterSnapshot, who: Claimant, params: SolverParams, *, claimed: frozenset[str] = frozenset()
+        self,
+        snapshot: ClusterSnapshot,
+        who: Claimant,
+        params: SolverParams,
+        *,
+        claimed: frozenset[str] = frozenset(),
+        check_budgets: bool = True,
     ) -> Decision | str:
         """The victims for `who`, or why there are none. `claimed`: pods already evicted for
         another gang's reservation (still counted until gone): never a candidate again, or two
@@ -117,13 +122,13 @@ class Preemptor:
         fenced = self.binder.fence() if self.binder.fence is not None else ""
         if fenced:
             return f"not preempting: {fenced}"
-        units, pods = self._units(who, claimed)
+        units, pods, held = self._units(who, claimed)
         if not units:
             return "no lower-priority or borrowed workload to preempt"
         for _ in range(3):
             # First what the gang's quota needs gone (cheapest inside the limited queues), then
             # the solver's cheapest set for room, on the cluster with those already freed.
-            forced = self._quota_victims(units, who)
+            forced = self._quota_victims(units, who, held)
             if isinstance(forced, str):
                 return forced
             rest = [u for n, u in units.items() if n not in forced]
@@ -137,14 +142,16 @@ class Preemptor:
             if not forced and not choice.victims:
                 return "fits without evictions"
             choice = replace(choice, victims=(*forced, *choice.victims))
-            refused = self._dry_run(choice, pods)
+            refused = self._dry_run(choice, pods) if check_budgets else []
             if not refused:
-                return self._decision(choice, units, pods, who)
+                return self._decision(choice, units, pods, who, held)
             for name in refused:
                 units.pop(name, None)
         return "disruption budgets refuse the evictions"
 
-    def _quota_victims(self, units: dict[str, VictimUnit], who: Claimant) -> list[str] | str:
+    def _quota_victims(
+        self, units: dict[str, VictimUnit], who: Claimant, held: dict[str, dict[str, int]]
+    ) -> list[str] | str:
         """The cheapest candidates (lowest priority, borrowed first) inside each queue whose
         limit refuses the gang, until they free what `who.must_free` says; why not, if every
         candidate there is not enough. Empty when only capacity stands in the way."""
@@ -153,19 +160,22 @@ class Preemptor:
             inside = [n for n, u in units.items() if queue in {q.name for q in self.queues.tree.chain(u.queue)}]
             inside.sort(key=lambda n: (units[n].priority, not units[n].borrowed, n))
             for r, amount in sorted(amounts.items()):
-                freed = sum(self._held[n].get(r, 0) for n in chosen if n in inside)
+                freed = sum(held[n].get(r, 0) for n in chosen if n in inside)
                 for name in (n for n in inside if n not in chosen):
                     if freed >= amount:
                         break
                     chosen.append(name)
-                    freed += self._held[name].get(r, 0)
+                    freed += held[name].get(r, 0)
                 if freed < amount:
                     return f"queue {queue}: evicting every candidate frees {freed} of the {amount} {r} over its limit"
         return chosen
 
-    def _units(self, who: Claimant, claimed: frozenset[str]) -> tuple[dict[str, VictimUnit], dict[str, list[PodInfo]]]:
-        """The candidate units (name -> unit) and their pods."""
-        self._held = {}
+    def _units(
+        self, who: Claimant, claimed: frozenset[str]
+    ) -> tuple[dict[str, VictimUnit], dict[str, list[PodInfo]], dict[str, dict[str, int]]]:
+        """The candidate units (name -> unit), their pods, and what each unit's queue counts
+        it holding (per search: a what-if may search beside the scheduler's own)."""
+        holding: dict[str, dict[str, int]] = {}
         groups: dict[str, list[tuple[PodInfo, RunningPod]]] = {}
         inferred: dict[str, dict[str, tuple[DeviceAssignment, ...]]] = {}
         for uid in self.cache.pod_uids():
@@ -195,7 +205,7 @@ class Preemptor:
                 for k, v in self.queues.held(p.uid).items():
                     held[k] = held.get(k, 0) + v
             by_queue.setdefault(queue, []).append((name, priority, oldest, held))
-            self._held[name] = held
+            holding[name] = held
             units[name] = VictimUnit(name, queue, priority, tuple(r for _, r in members))
             pods[name] = [p for p, _ in members]
         over = set()
@@ -214,7 +224,7 @@ class Preemptor:
             lower = unit.priority < who.priority and (unit.queue == who.queue or unit.borrowed)
             if (self.config().preemption and lower) or (reclaiming and unit.borrowed and unit.queue != who.queue):
                 eligible[name] = unit
-        return eligible, {n: pods[n] for n in eligible}
+        return eligible, {n: pods[n] for n in eligible}, holding
 
     def _within_deserved(self, who: Claimant) -> bool:
         """Whether `who`'s queue stays within its deserved quota with the gang placed (every
@@ -241,7 +251,12 @@ class Preemptor:
         return refused
 
     def _decision(
-        self, choice: Preemption, units: dict[str, VictimUnit], pods: dict[str, list[PodInfo]], who: Claimant
+        self,
+        choice: Preemption,
+        units: dict[str, VictimUnit],
+        pods: dict[str, list[PodInfo]],
+        who: Claimant,
+        held: dict[str, dict[str, int]],
     ) -> Decision:
         assert choice.plan is not None
         chosen = [units[n] for n in choice.victims]
@@ -262,7 +277,7 @@ class Preemptor:
         freed: dict[str, dict[str, int]] = {}
         for u in chosen:
             total = freed.setdefault(u.queue, {})
-            for k, v in self._held.get(u.name, {}).items():
+            for k, v in held.get(u.name, {}).items():
                 total[k] = total.get(k, 0) - v
         return Decision(choice.plan, victims, choice.victims, kind, summary, running, freed)
 

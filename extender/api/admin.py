@@ -21,7 +21,7 @@ import structlog
 
 from extender.api import convert, models
 from extender.api.context import Context, call
-from extender.api.core import ApiError, dry_run, int_param, ok, read_body
+from extender.api.core import ApiError, Slotted, dry_run, int_param, ok, read_body
 from extender.api.monitor import EvictionLog, Latencies, UsageHistory, percentile, period_seconds, rfc3339
 from extender.auth import Access
 from extender.kube import Kube
@@ -197,14 +197,19 @@ class DrainState:
     evicted: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)  # pod -> last refusal
     waiting_gangs: set[str] = field(default_factory=set)
-    # API jobs whose gang was evicted: "ns/name" -> the uids to see gone before it is made again
-    requeue: dict[str, set[str]] = field(default_factory=dict)
+    # API jobs whose gang was evicted: "ns/name" -> (the uids to see gone, the pods as they were)
+    requeue: dict[str, tuple[set[str], list[JSON]]] = field(default_factory=dict)
     requeued: dict[str, list[str]] = field(default_factory=dict)  # "ns/name" -> the pods made again
     done: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def json(self, remaining: list[PodInfo], waiting: int) -> JSON:
         """`waiting`: how many of `remaining` are members of gangs the drain leaves (`Wait`)."""
+        with self.lock:
+            return self._json(remaining, waiting)
+
+    def _json(self, remaining: list[PodInfo], waiting: int) -> JSON:
         pending = len(remaining)
         if not pending and not self.requeue:
             status = "Drained"
@@ -231,11 +236,16 @@ class DrainState:
 
 class Nodes:
     def __init__(
-        self, ctx: Context, evictions: EvictionLog, requeue: Callable[[Kube, str, str], list[str]] | None = None
+        self,
+        ctx: Context,
+        evictions: EvictionLog,
+        requeue: Callable[[Kube, str, str, list[JSON]], list[str]] | None = None,
+        watchers: threading.BoundedSemaphore | None = None,
     ) -> None:
         self.ctx = ctx
         self.evictions = evictions
-        self.requeue = requeue or (lambda kube, ns, name: [])  # an API job's pods made again
+        self.requeue = requeue or (lambda kube, ns, name, pods: [])  # an API job's pods made again
+        self.watchers = watchers or threading.BoundedSemaphore(ctx.config().max_watchers)
         self.drains: dict[str, DrainState] = {}
         self.lock = threading.Lock()
         self.stopping = threading.Event()
@@ -347,54 +357,82 @@ class Nodes:
 
     def _pass(self, kube: Kube, state: DrainState, body: models.Drain) -> bool:
         """One round of evictions, and the requeue of API jobs whose gang is gone; True while
-        pods remain or a requeue waits."""
+        pods remain or a requeue waits. The state's fields change under its lock (a status
+        read may come at any time)."""
         self._requeue(kube, state)
         remaining = self._remaining(state, body)
-        if not remaining and not state.requeue:
-            state.done = True
-            return False
+        with state.lock:
+            if not remaining and not state.requeue:
+                state.done = True
+                return False
         gangs = self.ctx.gangs
         for pod in remaining:
             key = gangs.gang_of(pod)
             victims = [pod]
+            job = ""
             if key:
                 if state.policy == "Wait":
-                    state.waiting_gangs.add(key)
+                    with state.lock:
+                        state.waiting_gangs.add(key)
                     continue
                 victims = [m for m in gangs.membership.member_pods(key) if m.active] or [pod]
                 job = _api_job(pod)
-                if job:  # made again once its evicted members are gone
-                    state.requeue.setdefault(job, set()).update(v.uid for v in victims)
             for victim in victims:
                 if victim.key in state.evicted:
                     continue
+                template = self._template(kube, victim) if job else None
                 refusal = self._evict(kube, victim, state)
-                if refusal:
-                    state.failed[victim.key] = refusal
-                else:
+                with state.lock:
+                    if refusal:
+                        state.failed[victim.key] = refusal
+                        continue
                     state.failed.pop(victim.key, None)
                     state.evicted.add(victim.key)
-                    self.evictions.add(
-                        victim.namespace,
-                        victim.name,
-                        victim.node,
-                        f"Node {state.node} drained: {state.reason}"[:512]
-                        if victim.node == state.node
-                        else f"Gang member on node {state.node} drained: {state.reason}"[:512],
-                        state.grace_s if state.grace_s is not None else 30,
-                    )
+                    if job and template is not None:  # made again once the evicted members are gone
+                        uids, pods = state.requeue.setdefault(job, (set(), []))
+                        uids.add(victim.uid)
+                        pods.append(template)
+                self.evictions.add(
+                    victim.namespace,
+                    victim.name,
+                    victim.node,
+                    f"Node {state.node} drained: {state.reason}"[:512]
+                    if victim.node == state.node
+                    else f"Gang member on node {state.node} drained: {state.reason}"[:512],
+                    state.grace_s if state.grace_s is not None else 30,
+                )
         return True
 
+    def _template(self, kube: Kube, pod: PodInfo) -> JSON | None:
+        """The pod as it is, read with the caller's token before it is evicted: what its
+        requeue makes again (None: it cannot be read, so it is not made again)."""
+        try:
+            r = call(kube, "GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", f"pod {pod.key}")
+        except ApiError:
+            return None
+        return r.body if isinstance(r.body, dict) else None
+
     def _requeue(self, kube: Kube, state: DrainState) -> None:
-        for job, uids in list(state.requeue.items()):
+        with state.lock:
+            pending = list(state.requeue.items())
+        for job, (uids, pods) in pending:
             if any((p := self.ctx.cache.pod(uid)) is not None and p.active for uid in uids):
                 continue
             ns, name = job.split("/", 1)
             try:
-                state.requeued.setdefault(job, []).extend(self.requeue(kube, ns, name))
-                del state.requeue[job]
+                made = self.requeue(kube, ns, name, pods)
             except ApiError as e:
-                state.failed[f"requeue {job}"] = e.message
+                with state.lock:
+                    state.failed[f"requeue {job}"] = e.message
+                continue
+            except Exception as e:  # never the drain's end: the job is reported, the drain goes on
+                log.exception("requeue failed", job=job)
+                with state.lock:
+                    state.failed[f"requeue {job}"] = f"{type(e).__name__}: {e}"[:512]
+                made = []
+            with state.lock:
+                state.requeued.setdefault(job, []).extend(made)
+                state.requeue.pop(job, None)
 
     def _evict(self, kube: Kube, pod: PodInfo, state: DrainState) -> str:
         body: JSON = {
@@ -437,7 +475,8 @@ class Nodes:
                 },
             )
         timeout = int_param(req.param("timeoutSeconds"), "timeoutSeconds", low=1, high=3600, default=1800)
-        return Reply(200, b"", content_type="text/event-stream", stream=self._notices(name, after, timeout))
+        stream = Slotted.take(self._notices(name, after, timeout), self.watchers)
+        return Reply(200, b"", content_type="text/event-stream", stream=stream)
 
     def _notices(self, node: str, after: int, timeout: int) -> Iterator[bytes]:
         yield b": watching\n\n"

@@ -29,6 +29,7 @@ from extender.api.context import Context, Reading, call
 from extender.api.core import (
     ApiError,
     FieldRequirement,
+    Slotted,
     decode_continue,
     dry_run,
     encode_continue,
@@ -40,6 +41,7 @@ from extender.api.core import (
 )
 from extender.api.monitor import EvictionLog
 from extender.auth import Access
+from extender.gangs.manager import PlannerBusy
 from extender.gangs.sources import WORKLOAD, GangObjects, GangSpec, definition_spec
 from extender.kube import Kube
 from extender.objects import PodInfo, pod_info
@@ -156,7 +158,10 @@ class Allocations:
 
     def _plan(self, spec: GangSpec, pods: list[PodInfo], *, queue: str) -> JSON:
         """What the solver makes of the pods now: placed (where), waiting (why), or never (422)."""
-        answer = self.ctx.gangs.what_if(spec, pods, queue=queue)
+        try:
+            answer = self.ctx.gangs.what_if(spec, pods, queue=queue)
+        except PlannerBusy as e:
+            raise ApiError(503, str(e), headers=(("Retry-After", "1"),)) from None
         if answer.error:
             raise ApiError(400, f"the request cannot be planned: {answer.error}", reason="Invalid")
         if answer.never:
@@ -168,13 +173,20 @@ class Allocations:
         if answer.placed:
             return {"placeable": True, "placement": answer.placement, "solverStatus": answer.status}
         if answer.preempts:
-            return {
+            # Only the caller's own namespace is named: other tenants' pods are counted.
+            ns = pods[0].namespace if pods else ""
+            mine = [k for k in answer.preempts if k.startswith(f"{ns}/")]
+            out: JSON = {
                 "placeable": False,
                 "reason": answer.reason,
-                "wouldPreempt": list(answer.preempts),
-                "preemption": answer.preemption,
+                "wouldPreempt": mine,
+                "wouldPreemptElsewhere": len(answer.preempts) - len(mine),
                 "placementAfterPreemption": answer.placement,
+                "note": "disruption budgets are checked when the preemption is made",
             }
+            if len(mine) == len(answer.preempts):
+                out["preemption"] = answer.preemption
+            return out
         return {"placeable": False, "reason": answer.reason}
 
     # ------------------------------------------------------------------ allocations
@@ -261,11 +273,20 @@ class Allocations:
         labels = selector(req.param("labelSelector"), "labelSelector")
         fields = field_selector(req.param("fieldSelector"), FIELDS)
         limit = int_param(req.param("limit"), "limit", low=1, high=MAX_LIST, default=MAX_LIST)
-        reading = self.ctx.read()
-        rv = reading.rv
         after = ""
-        if req.param("continue"):
-            _, after = decode_continue(req.param("continue"))
+        if req.param("continue"):  # later pages come from the first page's reading
+            rv, after = decode_continue(req.param("continue"))
+            kept = self.ctx.reading_at(rv)
+            if kept is None:
+                raise ApiError(
+                    410,
+                    "continue: the list this token continues is too old (kept about a minute); list again",
+                    reason="Expired",
+                )
+            reading = kept
+        else:
+            reading = self.ctx.read()
+        rv = reading.rv
         pods = [  # the reading is in (namespace, name) order: so is every page
             p
             for p in reading.by_ns.get(ns, ())
@@ -320,21 +341,17 @@ class Allocations:
         if rv:
             query["resourceVersion"] = rv
         self.ctx.authorize(req, Access("watch", "pods", "", "", ns))
-        if not self.watchers.acquire(blocking=False):
-            raise ApiError(503, "too many watch streams open; retry later", headers=(("Retry-After", "5"),))
         history = self.ctx.events
         wanted = selector(labels, "labelSelector")
         until = time.monotonic() + timeout
-        if not rv:
-            reading = self.ctx.read()
-            if reading.rv.isdigit() and history.covers(int(reading.rv)):
-                stream = self._served(list(reading.by_ns.get(ns, ())), int(reading.rv), ns, wanted, fields, until)
-                return Reply(200, b"", content_type="text/event-stream", stream=stream)
-        elif history.covers(int(rv)):
-            stream = self._served([], int(rv), ns, wanted, fields, until)
-            return Reply(200, b"", content_type="text/event-stream", stream=stream)
-        events = self.ctx.as_caller(req).stream(f"/api/v1/namespaces/{ns}/pods", query)
-        return Reply(200, b"", content_type="text/event-stream", stream=self._events(events, fields, ns))
+        source: Iterator[bytes]
+        if not rv and (reading := self.ctx.read()).rv.isdigit() and history.covers(int(reading.rv)):
+            source = self._served(list(reading.by_ns.get(ns, ())), int(reading.rv), ns, wanted, fields, until)
+        elif rv and history.covers(int(rv)):
+            source = self._served([], int(rv), ns, wanted, fields, until)
+        else:
+            source = self._events(self.ctx.as_caller(req).stream(f"/api/v1/namespaces/{ns}/pods", query), fields, ns)
+        return Reply(200, b"", content_type="text/event-stream", stream=Slotted.take(source, self.watchers))
 
     def _frame(self, kind: str, pod: PodInfo, rv: int) -> bytes:
         payload = {"type": kind, "object": convert.allocation(pod, queue=self._queue(pod))}
@@ -361,22 +378,19 @@ class Allocations:
                 and _fields_match(pod, fields)
             )
 
-        try:
-            yield b": watching\n\n" + b"".join(self._frame("ADDED", p, rv) for p in current if matches(p))
-            for batch, at in self.ctx.events.follow(rv, self.stopping, until):
-                if not batch:
-                    bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(at)}}}
-                    yield b"id: %d\ndata: %s\n\n" % (at, orjson.dumps(bookmark))
-                frames = []
-                for event in batch:
-                    if matches(event.pod):
-                        if not event.encoded:  # the first watcher to send it encodes it
-                            event.encoded = self._frame(event.kind, event.pod, event.rv)
-                        frames.append(event.encoded)
-                if frames:
-                    yield b"".join(frames)  # one write per batch
-        finally:
-            self.watchers.release()
+        yield b": watching\n\n" + b"".join(self._frame("ADDED", p, rv) for p in current if matches(p))
+        for batch, at in self.ctx.events.follow(rv, self.stopping, until):
+            if not batch:
+                bookmark = {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": str(at)}}}
+                yield b"id: %d\ndata: %s\n\n" % (at, orjson.dumps(bookmark))
+            frames = []
+            for event in batch:
+                if matches(event.pod):
+                    if not event.encoded:  # the first watcher to send it encodes it
+                        event.encoded = self._frame(event.kind, event.pod, event.rv)
+                    frames.append(event.encoded)
+            if frames:
+                yield b"".join(frames)  # one write per batch
 
     def _events(self, events: Iterator[JSON], fields: list[FieldRequirement], ns: str) -> Iterator[bytes]:
         """The stream's events; a failure of the API server's watch (an expired version: 410)
@@ -407,7 +421,6 @@ class Allocations:
             close = getattr(events, "close", None)
             if close is not None:
                 close()
-            self.watchers.release()
 
     def delete(self, req: Request, ns: str, name: str) -> Reply:
         options = read_body(models.DeleteOptions, req.body, f"delete of allocation {ns}/{name}", empty_ok=True)
@@ -519,9 +532,7 @@ class Allocations:
             scheduling=spec.template.spec.scheduling,
             labels=labels,
         )
-        # What a requeue (after a drain evicted the gang) makes the pods again from.
-        spec_record = orjson.dumps({"spec": spec.model_dump(mode="json"), "labels": body.metadata.labels}).decode()
-        workload["metadata"]["annotations"] = {**body.metadata.annotations, convert.JOB_SPEC_ANNOTATION: spec_record}
+        workload["metadata"]["annotations"] = dict(body.metadata.annotations)
         try:
             pods = convert.job_pods(name, ns, spec, body.metadata.labels, self.ctx.config().scheduler_name)
         except ValueError as e:
@@ -587,17 +598,15 @@ class Allocations:
         oldest = min((p.created for p in infos), default="")
         return order.position(queue, (-priority, oldest, unit), ignore=unit)
 
-    def requeue_job(self, kube: Kube, ns: str, name: str) -> list[str]:
-        """Make again the pods of an API job whose pods are gone (its gang was evicted by a
-        drain): one per index without an active pod, from the spec recorded at submission,
-        with the given caller's credentials. The names made."""
+    def requeue_job(self, kube: Kube, ns: str, name: str, pods: list[JSON]) -> list[str]:
+        """Make again the pods of an API job whose gang a drain evicted, from those pods as
+        they were (read before the eviction: what the tenant made and admission admitted),
+        with the drain's caller's credentials; only indexes without an active pod. The names
+        made ([] when the job was cancelled meanwhile)."""
         obj = self.ctx.gangs.objects.get(WORKLOAD, ns, name)
         meta = (obj or {}).get("metadata") or {}
-        record = (meta.get("annotations") or {}).get(convert.JOB_SPEC_ANNOTATION)
-        if obj is None or not record or meta.get("deletionTimestamp"):
-            return []  # cancelled meanwhile, or not an API job
-        saved = orjson.loads(record)
-        spec = models.JobSpec.model_validate(saved["spec"])
+        if obj is None or meta.get("deletionTimestamp"):
+            return []
         have = {
             p.labels.get(convert.INDEX_LABEL)
             for p in self.ctx.fresh_pods(ns)
@@ -605,10 +614,10 @@ class Allocations:
         }
         made = []
         suffix = uuid.uuid4().hex[:5]
-        for pod in convert.job_pods(name, ns, spec, saved.get("labels") or {}, self.ctx.config().scheduler_name):
-            if pod["metadata"]["labels"][convert.INDEX_LABEL] in have:
+        for old in pods:
+            pod = convert.replayable(old, suffix)
+            if pod["metadata"].get("labels", {}).get(convert.INDEX_LABEL) in have:
                 continue
-            pod["metadata"]["name"] += f"-{suffix}"
             pod["metadata"]["ownerReferences"] = [_owner(name, meta)]
             call(kube, "POST", f"/api/v1/namespaces/{ns}/pods", f"requeue of job {ns}/{name}", body=pod)
             made.append(pod["metadata"]["name"])
@@ -724,7 +733,14 @@ class Allocations:
             meta = obj.get("metadata") or {}
             groups = (obj.get("spec") or {}).get("gangGroups") or []
             current = int((groups[:1] or [{}])[0].get("priority") or 0)
-            previous = int(_boost(meta).get("previousPriority", current)) if _boost(meta) else current
+            if body.newPriority <= current:
+                raise ApiError(
+                    400,
+                    f"job {ns}/{name}: newPriority {body.newPriority} does not raise its priority {current}",
+                    causes=[{"field": "newPriority", "message": f"must be above the job's priority {current}"}],
+                )
+            record = _boost(meta)
+            previous = record["previousPriority"] if isinstance(record.get("previousPriority"), int) else current
             expires = datetime.now(UTC) + timedelta(seconds=models.seconds(body.duration))
             record = {
                 "previousPriority": previous,
@@ -765,24 +781,35 @@ class Allocations:
         )
 
     def expire_boosts(self, now: datetime | None = None) -> int:
-        """Put back the priority of jobs whose boost ran out (with Phalanx's own credentials:
-        the caller who boosted was allowed to, for that long). The count reverted."""
-        now = now or datetime.now(UTC)
+        """Put back the priority of API jobs whose boost ran out, with Phalanx's own
+        credentials (the caller who boosted was allowed to, for that long). The record is on
+        the Workload, where whoever may patch it may write it too: so this write only ever
+        lowers a priority (to the record's previous one, never above the current), and a
+        record that does not parse is ignored. The count reverted."""
+        now_text = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
         done = 0
         with self.ctx.gangs.objects.lock:
             workloads = list(self.ctx.gangs.objects.objects.get(WORKLOAD, {}).values())
         for obj in workloads:
             meta = obj.get("metadata") or {}
             boost = _boost(meta)
-            if not boost or str(boost.get("expires", "")) > now.strftime("%Y-%m-%dT%H:%M:%SZ"):
+            if not boost or (meta.get("labels") or {}).get(convert.KIND_LABEL) != "job":
                 continue
-            groups = (obj.get("spec") or {}).get("gangGroups") or []
+            expires, previous = boost.get("expires"), boost.get("previousPriority")
+            if not isinstance(expires, str) or not isinstance(previous, int) or isinstance(previous, bool):
+                continue
+            if expires > now_text:
+                continue
+            groups = [g for g in (obj.get("spec") or {}).get("gangGroups") or [] if isinstance(g, dict)]
+            current = [int(g["priority"]) if isinstance(g.get("priority"), int) else 0 for g in groups]
             patch = {
                 "metadata": {
                     "resourceVersion": meta.get("resourceVersion"),
                     "annotations": {convert.BOOST_ANNOTATION: None},
                 },
-                "spec": {"gangGroups": [{**g, "priority": int(boost.get("previousPriority") or 0)} for g in groups]},
+                "spec": {
+                    "gangGroups": [{**g, "priority": min(previous, c)} for g, c in zip(groups, current, strict=True)]
+                },
             }
             path = f"{WORKLOADS.format(ns=meta.get('namespace', ''))}/{meta.get('name', '')}"
             try:
@@ -796,7 +823,7 @@ class Allocations:
                 )
                 done += 1
                 log.info("job boost expired", job=f"{meta.get('namespace')}/{meta.get('name')}")
-            except ApiError as e:
+            except ApiError as e:  # a conflict (the cache lags): the next tick tries again
                 log.warning("boost expiry not written", job=meta.get("name"), error=e.message)
         return done
 

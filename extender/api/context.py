@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,6 +25,7 @@ JSON = dict[str, Any]
 
 
 READ_S = 0.25  # how long one reading of the allocations serves reads
+KEPT, KEPT_S = 64, 60.0  # readings kept for paged lists: at most these many, this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class Context:
     events: Events = field(default_factory=Events)  # the pod events since the last list (watches)
     _reading: Reading | None = None
     _read_lock: threading.Lock = field(default_factory=threading.Lock)
+    _kept: OrderedDict[str, Reading] = field(default_factory=OrderedDict)  # recent readings by version
 
     def authorize(self, req: Request, access: Access) -> None:
         """RBAC on the underlying object. A named object is first checked without its name:
@@ -84,7 +87,16 @@ class Context:
                 by_ns.setdefault(p.namespace, []).append(p)
             rv_text = str(rv) if rv else self.pods_rv()
             self._reading = reading = Reading(time.monotonic(), rv_text, tuple(ours), by_ns, {p.key: p for p in ours})
+            self._kept[rv_text] = reading
+            while len(self._kept) > KEPT or next(iter(self._kept.values())).at < reading.at - KEPT_S:
+                self._kept.popitem(last=False)
             return reading
+
+    def reading_at(self, resource_version: str) -> Reading | None:
+        """A recent reading at exactly that version (the later pages of a paged list), if
+        still kept."""
+        with self._read_lock:
+            return self._kept.get(resource_version)
 
     def pods(self, namespace: str = "") -> list[PodInfo]:
         """Active or finished pods a Phalanx scheduler places, in `namespace` ("" for all),

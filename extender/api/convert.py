@@ -32,7 +32,6 @@ API_VERSION = "phalanx.io/v1"
 KIND_LABEL = "phalanx.io/api"  # "allocation" or "job": made through this API
 JOB_LABEL = "phalanx.io/job"
 INDEX_LABEL = "phalanx.io/job-index"
-JOB_SPEC_ANNOTATION = "phalanx.io/job-spec"  # the submitted spec: what a requeue makes the pods from
 BOOST_ANNOTATION = "phalanx.io/boost"  # {"previous": 200, "expires": "<RFC 3339>", "reason": ..., "by": ...}
 GANG_GROUP = "members"
 WORKLOAD_API = "phalanx.io/v1alpha1"
@@ -239,6 +238,41 @@ def job_pods(name: str, namespace: str, spec: JobSpec, labels: Mapping[str, str]
         }
         for i in range(spec.parallelism)
     ]
+
+
+#: What a pod made again must not carry over: its placement and what the API server set.
+_NOT_REPLAYED = {"nodeName", "nominatedNodeName"}
+_PLACEMENT_ANNOTATIONS = ("phalanx.io/gpu-devices", "phalanx.io/gang-plan")
+
+
+def replayable(pod: JSON, suffix: str) -> JSON:
+    """A pod as it was read, to be created again under a new name (`<name>-<suffix>`, or the
+    old suffix replaced): its labels, annotations and spec, without its placement, identity
+    or status, and without the service-account volume admission adds again."""
+    meta = pod.get("metadata") or {}
+    name = str(meta.get("name", ""))
+    index = (meta.get("labels") or {}).get(INDEX_LABEL)
+    base = f"{meta.get('labels', {}).get(JOB_LABEL)}-{index}" if index is not None else name
+    spec = {k: v for k, v in (pod.get("spec") or {}).items() if k not in _NOT_REPLAYED}
+    injected = {
+        v.get("name") for v in spec.get("volumes") or [] if str(v.get("name", "")).startswith("kube-api-access-")
+    }
+    if injected:
+        spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in injected]
+        for c in spec.get("containers") or []:
+            c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") not in injected]
+    annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _PLACEMENT_ANNOTATIONS}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{base}-{suffix}",
+            "namespace": meta.get("namespace"),
+            "labels": dict(meta.get("labels") or {}),
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
 
 
 def queue_of_quota(q: Quota) -> JSON:

@@ -13,7 +13,7 @@ import base64
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -211,10 +211,13 @@ class RateLimiter:
         with self._lock:
             bucket = self._buckets.get(tenant)
             if bucket is None:
-                if len(self._buckets) >= self.most_tenants:  # forget the fullest (idle longest)
+                if len(self._buckets) >= self.most_tenants:  # forget those full again (idle long enough)
                     self._buckets = {
                         k: b for k, b in self._buckets.items() if b.tokens + (now - b.updated) * rate < self.burst
                     }
+                    if len(self._buckets) >= self.most_tenants:  # every one busy: forget the oldest half
+                        keep = sorted(self._buckets.items(), key=lambda kv: kv[1].updated)[self.most_tenants // 2 :]
+                        self._buckets = dict(keep)
                 bucket = self._buckets[tenant] = _Bucket(float(self.burst), now)
             bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.updated) * rate)
             bucket.updated = now
@@ -229,7 +232,7 @@ class RateLimiter:
                 )
                 raise ApiError(
                     429,
-                    f"Rate limit exceeded. Tenant {tenant!r} limited to {self.per_minute} req/min "
+                    f"Rate limit exceeded. Tenant {tenant!r} (namespace/caller) limited to {self.per_minute} req/min "
                     f"(bursts of {self.burst}); retry in {max(1, wait)} s.",
                     headers=headers,
                 )
@@ -239,3 +242,46 @@ class RateLimiter:
                 ("X-RateLimit-Remaining", str(int(bucket.tokens))),
                 ("X-RateLimit-Reset", str(reset)),
             )
+
+
+class Slotted:
+    """A response stream holding one of a limited number of slots (open watches): taken
+    before the stream is answered, released exactly once however it ends: finished, closed
+    by the server after the client left, or never started because the headers failed."""
+
+    def __init__(self, source: Iterator[bytes], slot: threading.Semaphore) -> None:
+        self.source = source
+        self.slot = slot
+        self._released = False
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def take(source: Iterator[bytes], slot: threading.Semaphore) -> Slotted:
+        if not slot.acquire(blocking=False):
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+            raise ApiError(503, "too many watch streams open; retry later", headers=(("Retry-After", "5"),))
+        return Slotted(source, slot)
+
+    def __iter__(self) -> Slotted:
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self.source)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        try:
+            close = getattr(self.source, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.slot.release()

@@ -58,7 +58,10 @@ class Events:
         rv = version(resource_version)
         with self.lock:
             if rv is None or self.covered_from is None:
-                self.covered_from = None  # an opaque version: this history cannot order it
+                if self.covered_from is not None:  # an opaque version: this history cannot order it
+                    self.covered_from = None
+                    self.epoch += 1  # its readers end (their clients resume from the API server)
+                    self.lock.notify_all()
                 return
             if len(self._events) == self._events.maxlen:
                 self.covered_from = self._events[0].rv  # the oldest goes: after it is still held
@@ -98,8 +101,8 @@ class Events:
                     return
                 if not self._events or self._events[-1].seq <= seq:
                     self.lock.wait(min(idle_s, max(0.0, until - time.monotonic())))
-                    if self.epoch != epoch:
-                        return
+                    if self.epoch != epoch or (self._events and self._events[0].seq > seq + 1):
+                        return  # a relist, or events not read yet were dropped while waiting
                 fresh = []
                 for event in reversed(self._events):  # the newest few: never a walk of the whole history
                     if event.seq <= seq:

@@ -42,8 +42,12 @@ def seconds(text: str) -> int:
     return int(m.group(1)) * _UNITS[m.group(2)]
 
 
+MAX_DURATION_S = 366 * 86_400
+
+
 def _duration(value: str) -> str:
-    seconds(value)
+    if seconds(value) > MAX_DURATION_S:
+        raise ValueError(f"{value!r} is longer than a year")
     return value
 
 

@@ -22,6 +22,7 @@ NOTICES = 10_000  # eviction notices kept (a watch resumes from any of them)
 SAMPLE_S = 60.0  # usage sampling interval
 SAMPLES = 24 * 60 * 7  # a week of minutes per tenant
 LATENCIES = 10_000
+ZERO = {"cpu": 0.0, "memory": 0.0, "gpu": 0.0}  # shared by every idle sample (never changed)
 
 
 def rfc3339(t: float) -> str:
@@ -88,25 +89,25 @@ class EvictionLog:
 
     def follow(self, node: str, after: int, until: float, stop: threading.Event) -> Iterator[Notice | None]:
         """Notices for `node` after `after`, then each new one until `until` (monotonic) or
-        `stop`; None every 15 s without one (a keep-alive for the stream)."""
+        `stop`; None every 15 s without one (a keep-alive: a client that left is noticed)."""
         while not stop.is_set() and time.monotonic() < until:
-            fresh = self.since(after, node)
-            for n in fresh:
-                after = n.seq
-                yield n
-            if fresh:
-                continue
             with self._changed:
-                if self.last() <= after:
+                newest = self._notices[-1].seq if self._notices else 0
+                if newest <= after:
                     self._changed.wait(min(15.0, max(0.0, until - time.monotonic())))
-            if self.last() <= after:
+                    newest = self._notices[-1].seq if self._notices else 0
+                mine = [n for n in self._notices if n.seq > after and n.node == node]
+            after = max(after, newest)  # every notice up to here was seen, whatever its node
+            if not mine:
                 yield None
+            yield from mine
 
 
 @dataclass
 class _Series:
     times: deque[float] = field(default_factory=lambda: deque(maxlen=SAMPLES))
     values: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    last_held: float = 0.0  # when it last held anything
 
 
 class UsageHistory:
@@ -132,13 +133,21 @@ class UsageHistory:
         return out
 
     def sample(self, pods: list[PodInfo], now: float | None = None) -> None:
+        """One sample per tenant holding something now or within the history's span (a
+        tenant that held nothing for that long is forgotten: namespaces come and go)."""
         now = time.time() if now is None else now
         held = self.held(pods)
         with self._lock:
             for tenant in set(held) | set(self._series):
                 s = self._series.setdefault(tenant, _Series())
+                value = held.get(tenant)
+                if value is None and now - s.last_held > SAMPLES * SAMPLE_S:
+                    del self._series[tenant]
+                    continue
+                if value is not None:
+                    s.last_held = now
                 s.times.append(now)
-                s.values.append(held.get(tenant, {"cpu": 0.0, "memory": 0.0, "gpu": 0.0}))
+                s.values.append(value if value is not None else ZERO)
 
     def report(self, tenant: str, period_s: float, current: dict[str, float], now: float | None = None) -> JSON:
         """Peak and average over the period (current usage included), and the seconds covered."""

@@ -29,7 +29,7 @@ from extender.api.allocations import Allocations
 from extender.api.context import Context
 from extender.api.core import ApiError, RateLimiter
 from extender.api.monitor import SAMPLE_S, EvictionLog, Latencies, UsageHistory
-from extender.auth import Access
+from extender.auth import Access, Denied
 from extender.objects import PodInfo
 from extender.server import Reply, Request, Route, _no_handler
 
@@ -72,13 +72,16 @@ class AllocationApi:
         self.latencies = Latencies()
         self.allocations = Allocations(ctx, self.evictions)
         self.quotas = Quotas(ctx, self.usage)
-        self.nodes = Nodes(ctx, self.evictions, requeue=self.allocations.requeue_job)
+        self.nodes = Nodes(
+            ctx, self.evictions, requeue=self.allocations.requeue_job, watchers=self.allocations.watchers
+        )
         self.monitoring = Monitoring(ctx, self.usage, self.latencies, self.evictions)
         config = ctx.config()
         self.limiter = RateLimiter(config.requests_per_minute, config.burst)
         self._limits = (config.requests_per_minute, config.burst, config.max_in_flight)
         self.in_flight = threading.BoundedSemaphore(config.max_in_flight)
         self._last_sample = 0.0
+        self._openapi: bytes | None = None
         self._applying = threading.local()
         self._last_expiry = 0.0
         a, q, n, m = self.allocations, self.quotas, self.nodes, self.monitoring
@@ -192,7 +195,10 @@ class AllocationApi:
         started = time.perf_counter()
         try:
             endpoint, args = self._match(req.method, path)
-            tenant = args.get("namespace") or args.get("tenant") or _caller(req)
+            # Who first (a cached TokenReview): the rate limit is the caller's own, per namespace,
+            # so no one can spend another tenant's requests, and an unknown token costs none.
+            user = self._identify(req)
+            tenant = f"{args.get('namespace') or args.get('tenant') or '-'}/{user}"
             in_flight = self.in_flight  # the ConfigMap may replace it meanwhile
             if not in_flight.acquire(blocking=False):
                 raise ApiError(
@@ -227,6 +233,15 @@ class AllocationApi:
             message = body.get("error") if isinstance(body, dict) else None
             raise ApiError(status, str(message or f"node {name!r}: HTTP {status}"), details={"name": name})
         return Reply(status, orjson.dumps(body))
+
+    def _identify(self, req: Request) -> str:
+        identify = getattr(self.ctx.authorizer, "identify", None)
+        if identify is None or not req.headers.get("authorization"):
+            return _caller(req)  # no token: the handler's check answers 401 naming what was asked
+        who = identify(req.headers.get("authorization"))
+        if isinstance(who, Denied):
+            raise ApiError(who.status, who.message)
+        return str(who.name)
 
     def _match(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]]:
         segments = [unquote(p) for p in path.strip("/").split("/")]
@@ -299,6 +314,12 @@ class AllocationApi:
     # ------------------------------------------------------------------ OpenAPI
 
     def openapi(self) -> bytes:
+        """The document, made once (the route table does not change)."""
+        if self._openapi is None:
+            self._openapi = self._make_openapi()
+        return self._openapi
+
+    def _make_openapi(self) -> bytes:
         bodies = sorted({e.body for e in self.endpoints if e.body is not None}, key=lambda m: m.__name__)
         _, defs = models_json_schema([(m, "validation") for m in bodies], ref_template="#/components/schemas/{model}")
         status = {"$ref": "#/components/schemas/Status"}

@@ -179,6 +179,13 @@ class GangState:
     hold_tried: float = -HOLD_RETRY_S  # monotonic time a starvation hold was last looked for
 
 
+WHAT_IFS = 2  # what-if plans (the allocation API's dry runs) solving at once
+
+
+class PlannerBusy(Exception):
+    """Too many what-if plans at once: the caller retries."""
+
+
 @dataclass(frozen=True, slots=True)
 class WhatIf:
     """`GangManager.what_if`'s answer."""
@@ -233,6 +240,7 @@ class GangManager:
         self.nominations: dict[str, str] = {}
         self.lock = threading.Condition(threading.RLock())
         self._solving = threading.Lock()
+        self._what_ifs = threading.BoundedSemaphore(WHAT_IFS)  # previews solve beside the scheduler
 
     def gang_of(self, pod: PodInfo) -> str:
         return self.membership.gang_of(pod)
@@ -635,6 +643,14 @@ class GangManager:
         place it on an unchanged cluster (the same request, snapshot and solver), reserving and
         writing nothing; and when it does not fit now, whether it ever could: the same request
         on the cluster with every pod gone (not fitting there is the proof it never will)."""
+        if not self._what_ifs.acquire(blocking=False):
+            raise PlannerBusy(f"{WHAT_IFS} what-if plans are running; retry in a second")
+        try:
+            return self._what_if(spec, pods, queue)
+        finally:
+            self._what_ifs.release()
+
+    def _what_if(self, spec: GangSpec, pods: list[PodInfo], queue: str) -> WhatIf:
         pods = sorted(pods, key=lambda p: (p.created, p.name))
         entry = Entry(spec.key, spec, Members(pods, []))
         snapshot = self.cache.snapshot()
@@ -680,7 +696,8 @@ class GangManager:
         who = Claimant(spec.key, verdict.queue, ask.priority, ask, verdict.need, verdict.excess)
         params = self.params()
         params = replace(params, time_limit_s=min(params.time_limit_s, PREEMPT_SOLVE_S))
-        decision = self.preemptor.decide(snapshot, who, params)
+        # Budgets are not asked (dry-run evictions are the scheduler's to send, not a preview's).
+        decision = self.preemptor.decide(snapshot, who, params, check_budgets=False)
         if isinstance(decision, str):
             return None
         taken: dict[str, int] = {}

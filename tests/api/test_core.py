@@ -215,3 +215,51 @@ def test_percentiles_and_periods() -> None:
     assert period_seconds("24h") == 86400 and period_seconds("7d") == 604800
     with pytest.raises(ValueError):
         period_seconds("1y")
+
+
+def test_durations_longer_than_a_year_are_refused() -> None:
+    with pytest.raises(ApiError) as e:
+        read_body(models.Boost, b'{"newPriority": 5, "duration": "999999999h"}', "boost")
+    assert e.value.code == 400 and e.value.causes[0]["field"] == "duration"
+
+
+def test_eviction_streams_move_past_other_nodes_notices() -> None:
+    import threading
+    import time
+
+    log = EvictionLog()
+    for i in range(3):
+        log.add("ns", f"p{i}", "elsewhere", "drained")
+    stop = threading.Event()
+    started = time.monotonic()
+    got = []
+    for notice in log.follow("here", 0, time.monotonic() + 0.5, stop):
+        got.append(notice)
+        if len(got) > 50:
+            break
+    assert time.monotonic() - started >= 0.4 and len(got) <= 2, got  # no spin: it waited
+
+
+def test_a_replayed_pod_keeps_its_spec_but_not_its_placement() -> None:
+    old = {
+        "metadata": {
+            "name": "j-1",
+            "namespace": "ns",
+            "uid": "u",
+            "resourceVersion": "5",
+            "labels": {"phalanx.io/job": "j", "phalanx.io/job-index": "1"},
+            "annotations": {"phalanx.io/gpu-devices": "[...]", "keep": "me"},
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [{"name": "c", "volumeMounts": [{"name": "kube-api-access-x"}, {"name": "data"}]}],
+            "volumes": [{"name": "kube-api-access-x"}, {"name": "data"}],
+        },
+        "status": {"phase": "Running"},
+    }
+    pod = convert.replayable(old, "abcde")
+    assert pod["metadata"] == {"name": "j-1-abcde", "namespace": "ns", "labels": old["metadata"]["labels"],
+                               "annotations": {"keep": "me"}}  # fmt: skip
+    assert "nodeName" not in pod["spec"] and "status" not in pod
+    assert pod["spec"]["volumes"] == [{"name": "data"}]
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [{"name": "data"}]

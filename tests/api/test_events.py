@@ -68,3 +68,22 @@ def test_an_opaque_version_turns_the_history_off() -> None:
     events.reset("abc")
     events.add("ADDED", pod("p"), "7")
     assert not events.covers(7)
+
+
+def test_an_opaque_version_ends_the_readers_it_cannot_serve() -> None:
+    events = Events()
+    events.reset("1")
+    events.add("ADDED", pod("a"), "2")
+    ended = threading.Event()
+
+    def read() -> None:
+        for _ in events.follow(2, threading.Event(), time.monotonic() + 5, idle_s=5):
+            pass
+        ended.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.1)
+    events.add("MODIFIED", pod("a"), "not-a-number")
+    reader.join(5)
+    assert ended.is_set()

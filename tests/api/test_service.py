@@ -8,7 +8,7 @@ from typing import Any, cast
 import orjson
 
 from extender.api.context import Context
-from extender.api.core import RateLimiter
+from extender.api.core import ApiError, RateLimiter, Slotted
 from extender.api.service import AllocationApi
 from extender.config import ApiConfig
 from extender.server import Request
@@ -53,7 +53,7 @@ def test_past_the_in_flight_limit_the_api_answers_503_and_past_the_rate_429() ->
     assert reply.status == 503 and ("Retry-After", "1") in reply.headers
     a.in_flight.release()
     a.limiter = RateLimiter(per_minute=60, burst=1)
-    a.limiter.take("team")
+    a.limiter.take("team/anonymous")  # per namespace and caller (here without an authorizer)
     reply = a.handle(request("GET"), "namespaces/team/allocations")
     assert reply.status == 429 and dict(reply.headers)["X-RateLimit-Remaining"] == "0"
 
@@ -74,3 +74,29 @@ def test_the_openapi_document_describes_every_endpoint_and_its_bodies() -> None:
     text = a.openapi().decode()
     for ref in {part.split('"')[0] for part in text.split('"$ref":"#/components/schemas/')[1:]}:
         assert ref in schemas, ref
+
+
+def test_a_watch_slot_is_released_once_however_the_stream_ends() -> None:
+    slots = threading.BoundedSemaphore(1)
+
+    def frames() -> Any:
+        yield b"a"
+        yield b"b"
+
+    never_started = Slotted.take(frames(), slots)
+    try:
+        Slotted.take(frames(), slots)
+        raise AssertionError("a second stream got the only slot")
+    except ApiError as e:
+        assert e.code == 503
+    never_started.close()  # the server closes a stream whose headers failed: the slot comes back
+    never_started.close()  # and only once
+    finished = Slotted.take(frames(), slots)
+    assert list(finished) == [b"a", b"b"]
+    finished.close()
+    Slotted.take(frames(), slots).close()
+
+
+def test_the_openapi_document_is_made_once() -> None:
+    a = api()
+    assert a.openapi() is a.openapi()

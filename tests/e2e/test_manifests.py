@@ -133,6 +133,7 @@ NOT_EXERCISED = {
     ("", "pods", "get"): "a bind answered 409 reads the pod: was it bound where we wanted already?",
     ("phalanx.io", "queues/status", "patch"): "a Queue's status, written once a Queue exists (test_queues)",
     ("", "pods/eviction", "create"): "gang-aware preemption's evictions (test_queues)",
+    ("phalanx.io", "workloads", "patch"): "a job's priority boost put back when it expires (test_allocation_api)",
     # Not calls to the API server: the node agents' SubjectAccessReviews of the extender's
     # NodeAgent calls name this resource (no agent runs here; test_node_agent, tests/agent).
     ("phalanx.io", "nodeagents", "create"): "BindAllocation, reviewed by the node's agent",
