@@ -100,3 +100,38 @@ def test_a_watch_slot_is_released_once_however_the_stream_ends() -> None:
 def test_the_openapi_document_is_made_once() -> None:
     a = api()
     assert a.openapi() is a.openapi()
+
+
+class _Pods:
+    """The two cache calls a reading makes."""
+
+    def __init__(self, pods: list[Any]) -> None:
+        self.by_uid = {p.uid: p for p in pods}
+
+    def pod_uids(self) -> list[str]:
+        return list(self.by_uid)
+
+    def pods(self, uids: list[str]) -> list[Any]:
+        return [self.by_uid[u] for u in uids]
+
+
+def test_a_paged_list_reads_its_later_pages_from_the_first_pages_reading(monkeypatch: Any) -> None:
+    from extender.api import context as module
+    from extender.objects import pod_info
+
+    def pod(name: str) -> Any:
+        meta = {"name": name, "namespace": "ns", "uid": name}
+        return pod_info({"metadata": meta, "spec": {"schedulerName": "default-scheduler", "containers": []}})
+
+    nothing = cast(Any, None)
+    cache = _Pods([pod("a"), pod("b")])
+    ctx = Context(cast(Any, cache), nothing, nothing, nothing, lambda a: nothing, nothing, ApiConfig, lambda: "1")
+    ctx.events.reset("5")
+    first = ctx.read()
+    assert first.rv == "5" and [p.name for p in first.pods] == ["a", "b"]
+    monkeypatch.setattr(module, "READ_S", 0.0)  # the next read is a new reading
+    cache.by_uid["c"] = pod("c")
+    ctx.events.add("ADDED", cache.by_uid["c"], "6")
+    second = ctx.read()
+    assert second.rv == "6" and len(second.pods) == 3
+    assert ctx.reading_at("5") is first and ctx.reading_at("4") is None
