@@ -32,7 +32,6 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,23 +39,13 @@ import yaml
 
 from benchmarks.common import finish, median, parser, percentile
 from benchmarks.kwok import NS, kwok_session
-from benchmarks.kwok_throughput import BindWatch, cpu_seconds, delete_pods, pod_body, rate
+from benchmarks.kwok_throughput import BindWatch, cpu_seconds, delete_pods, pod_body, post_pods, rate
 from deploy.local.cluster import LocalCluster
 from extender.kube import RestKube
 
 SCHEDULER = "bench-api"  # the profile that calls the extender, and the API's schedulerName
 ENDPOINTS = ("list", "get", "utilization", "queues")
 WEIGHTS = (4, 4, 1, 1)
-
-
-def create(kube: RestKube, bodies: list[dict[str, Any]]) -> None:
-    def post(body: dict[str, Any]) -> None:
-        r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
-        if r.status not in (201, 409):
-            raise RuntimeError(f"create pod: HTTP {r.status}: {r.body}")
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(post, bodies))
 
 
 def standing(kube: RestKube, count: int) -> list[str]:
@@ -68,7 +57,7 @@ def standing(kube: RestKube, count: int) -> list[str]:
         body["metadata"]["labels"] = {"bench": "standing"}
         body["spec"]["nodeName"] = nodes[i % len(nodes)]
         bodies.append(body)
-    create(kube, bodies)
+    post_pods(kube, bodies)
     return [b["metadata"]["name"] for b in bodies]
 
 
@@ -180,7 +169,7 @@ def one_round(
         body = pod_body(f"{label}-{i:05d}", SCHEDULER, rnd.random() < 0.7)
         body["metadata"]["labels"] = {"bench": SCHEDULER, "round": label}
         bodies.append(body)
-    create(kube, bodies)  # they wait: no profile serves SCHEDULER between rounds
+    post_pods(kube, bodies)  # they wait: no profile serves SCHEDULER between rounds
     watch = BindWatch(kube, SCHEDULER)
     watch.selector = f"round={label}"
     watch.start()

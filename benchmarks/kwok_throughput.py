@@ -93,7 +93,11 @@ def pod_body(name: str, scheduler: str, gpu: bool) -> dict[str, Any]:
 
 def create_pods(kube: RestKube, scheduler: str, count: int, seed: int) -> None:
     rnd = random.Random(seed)
-    bodies = [pod_body(f"{scheduler}-{i:05d}", scheduler, rnd.random() < 0.7) for i in range(count)]
+    post_pods(kube, [pod_body(f"{scheduler}-{i:05d}", scheduler, rnd.random() < 0.7) for i in range(count)])
+
+
+def post_pods(kube: RestKube, bodies: list[dict[str, Any]]) -> None:
+    """Create the pods, 8 at a time (one that exists already is fine)."""
 
     def post(body: dict[str, Any]) -> None:
         r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
@@ -335,13 +339,7 @@ def create_bound_pods(kube: RestKube, count: int) -> None:
             }
         return obj
 
-    def post(i: int) -> None:
-        r = kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body(i))
-        if r.status not in (201, 409):
-            raise RuntimeError(f"create pod: HTTP {r.status}: {r.body}")
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(post, range(count)))
+    post_pods(kube, [body(i) for i in range(count)])
 
 
 def start_up(log: Path) -> str:

@@ -26,6 +26,7 @@ from deploy.local.cluster import LocalCluster
 from extender.api.core import RateLimiter
 from extender.app import Extender, Options
 from extender.kube import RestKube
+from tests.e2e import crds
 from tests.e2e.test_extender import wait
 
 pytestmark = pytest.mark.e2e
@@ -40,15 +41,7 @@ CONFIG = {"api": {"requestsPerMinute": 6_000_000, "burst": 1_000_000, "maxInFlig
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> RestKube:
     k = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
-    for path in ("config/crds/phalanx.io_workloads.yaml", "config/crds/phalanx.io_queues.yaml"):
-        r = k.request(
-            "POST",
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            body=yaml.safe_load(Path(path).read_text()),
-        )
-        assert r.status in (201, 409), r.body
-    for api in (QUEUES, WORKLOADS):
-        wait(f"{api} served", lambda api=api: k.request("GET", api).status == 200)
+    crds.install(k, NS)
     return k
 
 

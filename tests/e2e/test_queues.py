@@ -12,17 +12,16 @@ import io
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from deploy.local.cluster import LocalCluster
 from extender import kubectl
 from extender.app import Extender, Options
 from extender.config import QueuesConfig
 from extender.kube import RestKube
+from tests.e2e import crds
 from tests.e2e.test_extender import wait
 
 pytestmark = pytest.mark.e2e
@@ -36,15 +35,7 @@ RACK, BLOCK = "topology.phalanx.io/rack", "topology.phalanx.io/block"
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> RestKube:
     k = RestKube.from_kubeconfig(str(cluster.kubeconfig_path))
-    for path in ("config/crds/phalanx.io_workloads.yaml", "config/crds/phalanx.io_queues.yaml"):
-        r = k.request(
-            "POST",
-            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
-            body=yaml.safe_load(Path(path).read_text()),
-        )
-        assert r.status in (201, 409), r.body
-    for api in (QUEUES, WORKLOADS):
-        wait(f"{api} served", lambda api=api: k.request("GET", api).status == 200)
+    crds.install(k, NS)
     for name, value in (("e2e-high", 1000), ("e2e-low", 10)):
         body = {
             "apiVersion": "scheduling.k8s.io/v1",
