@@ -10,7 +10,7 @@ import signal
 import threading
 from pathlib import Path
 
-from extender.app import Extender, Options, RemoteSolverOptions
+from extender.app import ApiListenOptions, Extender, Options, RemoteSolverOptions
 from extender.kube import RestKube
 from extender.leader import LeaderOptions
 from extender.policy.service import webhook_options
@@ -75,6 +75,14 @@ def main() -> None:
         metavar="HOST:PORT",
         help="also serve /metrics (only) here, e.g. 0.0.0.0:9090 for Prometheus; the verbs stay on --host",
     )
+    ap.add_argument(
+        "--api-address",
+        metavar="HOST:PORT",
+        help="also serve the REST APIs (allocations, jobs, quotas, nodes, metrics, reads; never the verbs) "
+        "here, e.g. 0.0.0.0:8443 behind the phalanx-api Service; off loopback it needs --api-tls-cert-file",
+    )
+    ap.add_argument("--api-tls-cert-file", type=Path, help="the REST API port's certificate (PEM, re-read on change)")
+    ap.add_argument("--api-tls-private-key-file", type=Path, help="its private key (PEM)")
     ap.add_argument(
         "--webhook-port",
         type=int,
@@ -160,9 +168,31 @@ def main() -> None:
             "(or, behind a network policy, --insecure-expose-verbs)"
         )
     tls = TLSFiles(args.tls_cert_file, args.tls_private_key_file, args.client_ca_file) if args.tls_cert_file else None
+    api = None
+    if bool(args.api_tls_cert_file) != bool(args.api_tls_private_key_file):
+        ap.error("--api-tls-cert-file and --api-tls-private-key-file go together")
+    if args.api_tls_cert_file and not args.api_address:
+        ap.error("--api-tls-cert-file needs --api-address")
+    if args.api_address:
+        host, _, port = args.api_address.rpartition(":")
+        if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            ap.error(f"--api-address {args.api_address!r}: expected HOST:PORT")
+        if not _loopback(host) and not args.api_tls_cert_file:
+            ap.error(f"--api-address {args.api_address}: off loopback the API needs TLS (--api-tls-cert-file)")
+        api_tls = TLSFiles(args.api_tls_cert_file, args.api_tls_private_key_file) if args.api_tls_cert_file else None
+        api = ApiListenOptions((host, int(port)), api_tls)
     kube = RestKube.from_kubeconfig(args.kubeconfig)
     options = Options(
-        args.host, args.port, args.config_namespace, args.config_file, tls, leader, metrics_address, webhook, remote
+        args.host,
+        args.port,
+        args.config_namespace,
+        args.config_file,
+        tls,
+        leader,
+        metrics_address,
+        webhook,
+        remote,
+        api,
     )
     extender = Extender(kube, options)
     done = threading.Event()

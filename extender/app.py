@@ -67,7 +67,7 @@ from extender.queues import QueueBook
 from extender.read_api import ReadApi
 from extender.ri.model import GVK
 from extender.ri.registry import Registry
-from extender.server import Server
+from extender.server import Api, Read, Reply, Route, Server
 from extender.sharing import Sharing
 from extender.tls import ServerTLS, TLSFiles
 from extender.verbs import Verbs
@@ -95,6 +95,13 @@ class Options:
     metrics_address: tuple[str, int] | None = None  # also serve /metrics here (for Prometheus)
     webhook: WebhookOptions | None = None  # serve the workload-policy admission webhooks
     solver: RemoteSolverOptions | None = None  # solve through the solver service (solverd), in process if down
+    api: ApiListenOptions | None = None  # also serve the REST APIs (only) here, for tenants
+
+
+@dataclass(frozen=True)
+class ApiListenOptions:
+    address: tuple[str, int]  # host, port (port 0: any free one)
+    tls: TLSFiles | None = None  # required off loopback (enforced by the command line)
 
 
 @dataclass(frozen=True)
@@ -292,6 +299,13 @@ class Extender:
         self.binder.on_evict = self._evicted
         self.metrics.registry.register(StateCollector(self.cache, self.gangs, self._reflectors, self.queues))
         self._metrics_server: Any = None
+        reads: dict[str, Read] = {
+            "/api/v1/gangs": self.read_api.gangs_,
+            "/api/v1/nodes": self.read_api.nodes,
+            "/api/v1/pools": self.read_api.pools,
+            "/api/v1/queues": self.read_api.queues_,
+        }
+        apis: dict[str, Api] = {"/api/v1/workload-types": self.workload_types.api}
         self.server = Server(
             (options.host, options.port),
             verbs={
@@ -302,18 +316,30 @@ class Extender:
             },
             metrics=self.metrics,
             ready=self.ready,
-            reads={
-                "/api/v1/gangs": self.read_api.gangs_,
-                "/api/v1/nodes": self.read_api.nodes,
-                "/api/v1/pools": self.read_api.pools,
-                "/api/v1/queues": self.read_api.queues_,
-            },
-            apis={"/api/v1/workload-types": self.workload_types.api},
+            reads=reads,
+            apis=apis,
             authorizer=authorizer,
             tls=ServerTLS(options.tls) if options.tls else None,
             routes=PolicyApi(self.admission).routes(),
             first_routes=self.api.routes(),
         )
+        # The REST APIs alone (no verbs, no stats reset) where tenants can reach them: over TLS
+        # on any address, the bearer token and RBAC deciding every call.
+        self.api_server: Server | None = None
+        if options.api is not None:
+            self.api_server = Server(
+                options.api.address,
+                verbs={},
+                metrics=self.metrics,
+                ready=self.ready,
+                reads=reads,
+                apis=apis,
+                authorizer=authorizer,
+                tls=ServerTLS(options.api.tls) if options.api.tls else None,
+                routes=[_HEALTHZ, *PolicyApi(self.admission).routes()],
+                first_routes=self.api.routes(),
+                admin=False,
+            )
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
         self._gc_tuned = False
@@ -510,6 +536,10 @@ class Extender:
         thread = threading.Thread(target=self.server.serve_forever, name="http", daemon=True)
         thread.start()
         self._threads.append(thread)
+        if self.api_server is not None:
+            api_thread = threading.Thread(target=self.api_server.serve_forever, name="http-api", daemon=True)
+            api_thread.start()
+            self._threads.append(api_thread)
         if self.options.metrics_address is not None:
             # /metrics alone, where Prometheus can reach it (the verbs stay on loopback).
             host, port = self.options.metrics_address
@@ -529,9 +559,11 @@ class Extender:
         if self.policy_service is not None:
             self.policy_service.stop()
         self.dynamic.stop()
-        self.server.shutdown()
-        self.server.server_close()
-        self.server.close_connections()
+        for server in (self.server, self.api_server):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+                server.close_connections()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
@@ -610,6 +642,9 @@ class Extender:
 def _ns_name(obj: dict[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+_HEALTHZ = Route(frozenset({"GET"}), "/healthz", lambda m, p, b: Reply(200, b"ok", "text/plain"))
 
 
 def _caller_of(kube: Kube) -> Callable[[str], Kube]:

@@ -316,6 +316,25 @@ def test_the_solver_service_runs_beside_the_extender_on_loopback_when_enabled(he
     assert "--solver-address=127.0.0.1:50551" in args and "--solver-deadline=4.5" in args
 
 
+def test_the_api_port_is_served_over_tls_behind_its_service_when_enabled(helm: Helm) -> None:
+    assert not [d for d in render(helm) if d["kind"] == "Service" and d["metadata"]["name"] == "phalanx-api"]
+    docs = render(helm, "--set", "apiServer.enabled=true", "--set", "networkPolicy.enabled=true")
+    extender = containers(docs)["phalanx-extender"]
+    for flag in (
+        "--api-address=0.0.0.0:8443",
+        "--api-tls-cert-file=/etc/phalanx/api-tls/tls.crt",
+        "--api-tls-private-key-file=/etc/phalanx/api-tls/tls.key",
+    ):
+        assert flag in extender["command"]
+    assert "--host=127.0.0.1" in extender["command"]  # the verbs stay on loopback
+    assert {"name": "api", "containerPort": 8443} in extender["ports"]
+    assert {"name": "api-tls", "mountPath": "/etc/phalanx/api-tls", "readOnly": True} in extender["volumeMounts"]
+    service = one(docs, "Service", "phalanx-api")
+    assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "api", "protocol": "TCP"}]
+    policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
+    assert {"ports": [{"protocol": "TCP", "port": 8443}]} in policy["spec"]["ingress"]
+
+
 def test_extra_watched_kinds_are_read_only(helm: Helm) -> None:
     watched = ("--set", "extender.watchedResources[0].apiGroups={example.com}")
     watched += ("--set", "extender.watchedResources[0].resources={myjobs}")
