@@ -126,8 +126,9 @@ class Quotas:
         out = self._view(name, obj, ns)
         trend = {}
         now = time.time()
+        held = self.usage.held(self.ctx.pods(ns)).get(ns, {})
         for k, past in self.usage.trend(ns, 24 * 3600, now).items():
-            current = self.usage.held(self.ctx.pods(ns)).get(ns, {}).get(k, 0.0)
+            current = held.get(k, 0.0)
             if past > 0:
                 trend["nvidia.com/gpu" if k == "gpu" else k] = f"{100 * (current - past) / past:+.0f}% over 24h"
         out["status"]["trend"] = trend
