@@ -175,6 +175,7 @@ def main() -> None:
         ap.error("--api-tls-cert-file needs --api-address")
     if args.api_address:
         host, _, port = args.api_address.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # [::]:8443
         if not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             ap.error(f"--api-address {args.api_address!r}: expected HOST:PORT")
         if not _loopback(host) and not args.api_tls_cert_file:

@@ -197,6 +197,8 @@ class Server(ThreadingHTTPServer):
         self.authorizer = authorizer
         self.tls = tls
         self._slots = threading.BoundedSemaphore(limits.connections)
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6  # e.g. "::" (every address, IPv6 and mapped IPv4)
         super().__init__(address, _Handler)
         self.connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
@@ -332,7 +334,9 @@ class Server(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        shown = f"[{name}]" if ":" in name else name
+        return f"{'https' if self.tls else 'http'}://{shown}:{port}"
 
 
 def _resource(prefix: str) -> str:

@@ -35,6 +35,7 @@ JSON = dict[str, Any]
 QUEUES = "/apis/phalanx.io/v1alpha1/queues"
 DAEMONSET = "DaemonSet"
 REPORT_S = 1.0  # how long a cluster or queue report serves
+REQUEUE_TRIES = 5  # a job whose pods the API server keeps refusing is given up (and reported)
 
 
 def _pct(used: int, limit: int) -> str:
@@ -201,6 +202,7 @@ class DrainState:
     # API jobs whose gang was evicted: "ns/name" -> (the uids to see gone, the pods as they were)
     requeue: dict[str, tuple[set[str], list[JSON]]] = field(default_factory=dict)
     requeued: dict[str, list[str]] = field(default_factory=dict)  # "ns/name" -> the pods made again
+    requeue_tries: dict[str, int] = field(default_factory=dict)
     done: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -297,8 +299,10 @@ class Nodes:
         )
         with self.lock:
             old = self.drains.get(name)
-            if old is not None:
+            if old is not None:  # asked again: the earlier drain stops, its pending requeues carry over
                 old.stop.set()
+                with old.lock:
+                    state.requeue.update(old.requeue)
             self.drains[name] = state
         self._pass(kube, state, body)
         threading.Thread(target=self._run, args=(kube, state, body), name=f"drain-{name}", daemon=True).start()
@@ -381,7 +385,13 @@ class Nodes:
             for victim in victims:
                 if victim.key in state.evicted:
                     continue
-                template = self._template(kube, victim) if job else None
+                template = None
+                if job:  # an API job's member is read first: not evicted unless it can be made again
+                    template, why = self._template(kube, victim)
+                    if template is None:
+                        with state.lock:
+                            state.failed[victim.key] = f"not evicted: cannot read it to requeue its job: {why}"
+                        continue
                 refusal = self._evict(kube, victim, state)
                 with state.lock:
                     if refusal:
@@ -404,14 +414,14 @@ class Nodes:
                 )
         return True
 
-    def _template(self, kube: Kube, pod: PodInfo) -> JSON | None:
+    def _template(self, kube: Kube, pod: PodInfo) -> tuple[JSON | None, str]:
         """The pod as it is, read with the caller's token before it is evicted: what its
-        requeue makes again (None: it cannot be read, so it is not made again)."""
+        requeue makes again (None and why: it cannot be read)."""
         try:
             r = call(kube, "GET", f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", f"pod {pod.key}")
-        except ApiError:
-            return None
-        return r.body if isinstance(r.body, dict) else None
+        except ApiError as e:
+            return None, e.message
+        return (r.body, "") if isinstance(r.body, dict) else (None, "not a pod")
 
     def _requeue(self, kube: Kube, state: DrainState) -> None:
         with state.lock:
@@ -422,18 +432,20 @@ class Nodes:
             ns, name = job.split("/", 1)
             try:
                 made = self.requeue(kube, ns, name, pods)
-            except ApiError as e:
-                with state.lock:
-                    state.failed[f"requeue {job}"] = e.message
-                continue
             except Exception as e:  # never the drain's end: the job is reported, the drain goes on
-                log.exception("requeue failed", job=job)
+                if not isinstance(e, ApiError):
+                    log.exception("requeue failed", job=job)
+                why = e.message if isinstance(e, ApiError) else f"{type(e).__name__}: {e}"[:512]
                 with state.lock:
-                    state.failed[f"requeue {job}"] = f"{type(e).__name__}: {e}"[:512]
-                made = []
+                    tries = state.requeue_tries[job] = state.requeue_tries.get(job, 0) + 1
+                    state.failed[f"requeue {job}"] = f"{why} (try {tries} of {REQUEUE_TRIES})"
+                    if tries >= REQUEUE_TRIES:  # given up: reported, and the drain can end
+                        state.requeue.pop(job, None)
+                continue
             with state.lock:
                 state.requeued.setdefault(job, []).extend(made)
                 state.requeue.pop(job, None)
+                state.failed.pop(f"requeue {job}", None)
 
     def _evict(self, kube: Kube, pod: PodInfo, state: DrainState) -> str:
         body: JSON = {

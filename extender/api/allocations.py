@@ -275,8 +275,8 @@ class Allocations:
         limit = int_param(req.param("limit"), "limit", low=1, high=MAX_LIST, default=MAX_LIST)
         after = ""
         if req.param("continue"):  # later pages come from the first page's reading
-            rv, after = decode_continue(req.param("continue"))
-            kept = self.ctx.reading_at(rv)
+            number, after = decode_continue(req.param("continue"))
+            kept = self.ctx.reading_at(number)
             if kept is None:
                 raise ApiError(
                     410,
@@ -298,7 +298,8 @@ class Allocations:
         order = self.order()
         meta: JSON = {"resourceVersion": rv}
         if rest:
-            meta["continue"] = encode_continue(rv, f"{page[-1].namespace}/{page[-1].name}")
+            self.ctx.keep(reading)
+            meta["continue"] = encode_continue(str(reading.id), f"{page[-1].namespace}/{page[-1].name}")
             meta["remainingItemCount"] = len(rest)
         return ok(
             200,
@@ -733,7 +734,8 @@ class Allocations:
             meta = obj.get("metadata") or {}
             groups = (obj.get("spec") or {}).get("gangGroups") or []
             current = int((groups[:1] or [{}])[0].get("priority") or 0)
-            if body.newPriority <= current:
+            extending = bool(_boost(meta)) and body.newPriority == current  # a running boost, longer
+            if body.newPriority <= current and not extending:
                 raise ApiError(
                     400,
                     f"job {ns}/{name}: newPriority {body.newPriority} does not raise its priority {current}",

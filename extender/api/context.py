@@ -25,7 +25,7 @@ JSON = dict[str, Any]
 
 
 READ_S = 0.25  # how long one reading of the allocations serves reads
-KEPT, KEPT_S = 64, 60.0  # readings kept for paged lists: at most these many, this long
+KEPT, KEPT_S = 16, 60.0  # readings kept for paged lists: at most these many, this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,7 @@ class Reading:
     pods: tuple[PodInfo, ...]  # a Phalanx scheduler's, by namespace and name
     by_ns: dict[str, list[PodInfo]]
     by_key: dict[str, PodInfo]  # "namespace/name"
+    id: int = 0  # its number in this process (a continue token names it)
 
 
 @dataclass
@@ -50,7 +51,8 @@ class Context:
     events: Events = field(default_factory=Events)  # the pod events since the last list (watches)
     _reading: Reading | None = None
     _read_lock: threading.Lock = field(default_factory=threading.Lock)
-    _kept: OrderedDict[str, Reading] = field(default_factory=OrderedDict)  # recent readings by version
+    _kept: OrderedDict[int, Reading] = field(default_factory=OrderedDict)  # readings paged lists continue from
+    _readings: int = 0
 
     def authorize(self, req: Request, access: Access) -> None:
         """RBAC on the underlying object. A named object is first checked without its name:
@@ -86,17 +88,26 @@ class Context:
             for p in ours:
                 by_ns.setdefault(p.namespace, []).append(p)
             rv_text = str(rv) if rv else self.pods_rv()
-            self._reading = reading = Reading(time.monotonic(), rv_text, tuple(ours), by_ns, {p.key: p for p in ours})
-            self._kept[rv_text] = reading
-            while len(self._kept) > KEPT or next(iter(self._kept.values())).at < reading.at - KEPT_S:
-                self._kept.popitem(last=False)
+            self._readings += 1
+            reading = Reading(time.monotonic(), rv_text, tuple(ours), by_ns, {p.key: p for p in ours}, self._readings)
+            self._reading = reading
             return reading
 
-    def reading_at(self, resource_version: str) -> Reading | None:
-        """A recent reading at exactly that version (the later pages of a paged list), if
-        still kept."""
+    def keep(self, reading: Reading) -> None:
+        """Keep a reading a paged list continues from (about a minute; the newest few)."""
         with self._read_lock:
-            return self._kept.get(resource_version)
+            self._kept[reading.id] = reading
+            now = time.monotonic()
+            while self._kept and (len(self._kept) > KEPT or next(iter(self._kept.values())).at < now - KEPT_S):
+                self._kept.popitem(last=False)
+
+    def reading_at(self, number: str) -> Reading | None:
+        """The kept reading of that number (a paged list's later pages), if still kept."""
+        if not (number.isascii() and number.isdigit() and len(number) <= 18):
+            return None
+        with self._read_lock:
+            reading = self._kept.get(int(number))
+            return reading if reading is not None and reading.at >= time.monotonic() - KEPT_S else None
 
     def pods(self, namespace: str = "") -> list[PodInfo]:
         """Active or finished pods a Phalanx scheduler places, in `namespace` ("" for all),

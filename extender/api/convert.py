@@ -241,7 +241,13 @@ def job_pods(name: str, namespace: str, spec: JobSpec, labels: Mapping[str, str]
 
 
 #: What a pod made again must not carry over: its placement and what the API server set.
-_NOT_REPLAYED = {"nodeName", "nominatedNodeName"}
+_NOT_REPLAYED = {
+    "nodeName",
+    "nominatedNodeName",
+    "priority",
+    "preemptionPolicy",
+    "ephemeralContainers",
+}  # admission sets the priority fields again
 _PLACEMENT_ANNOTATIONS = ("phalanx.io/gpu-devices", "phalanx.io/gang-plan")
 
 
@@ -259,7 +265,7 @@ def replayable(pod: JSON, suffix: str) -> JSON:
     }
     if injected:
         spec["volumes"] = [v for v in spec["volumes"] if v.get("name") not in injected]
-        for c in spec.get("containers") or []:
+        for c in (*(spec.get("initContainers") or []), *(spec.get("containers") or [])):
             c["volumeMounts"] = [m for m in c.get("volumeMounts") or [] if m.get("name") not in injected]
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in _PLACEMENT_ANNOTATIONS}
     return {

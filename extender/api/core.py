@@ -156,8 +156,9 @@ def field_selector(text: str, allowed: Mapping[str, str]) -> list[FieldRequireme
     return out
 
 
-def encode_continue(resource_version: str, after: str) -> str:
-    raw = orjson.dumps({"rv": resource_version, "after": after})
+def encode_continue(reading: str, after: str) -> str:
+    """A continue token: the reading the list was served from, and the last key it gave."""
+    raw = orjson.dumps({"reading": reading, "after": after})
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
@@ -165,7 +166,7 @@ def decode_continue(token: str) -> tuple[str, str]:
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         data = orjson.loads(raw)
-        return str(data["rv"]), str(data["after"])
+        return str(data["reading"]), str(data["after"])
     except (ValueError, KeyError, TypeError, orjson.JSONDecodeError):
         raise ApiError(400, f"continue: {token[:64]!r} is not a token this API issued") from None
 

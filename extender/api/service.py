@@ -36,6 +36,7 @@ from extender.server import Reply, Request, Route, _no_handler
 log = structlog.get_logger("phalanx.api")
 
 Handler = Callable[..., Reply]
+CLIENT_FACTOR = 10  # a client address may make this many callers' worth of requests
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 
 
@@ -78,6 +79,7 @@ class AllocationApi:
         self.monitoring = Monitoring(ctx, self.usage, self.latencies, self.evictions)
         config = ctx.config()
         self.limiter = RateLimiter(config.requests_per_minute, config.burst)
+        self.clients = RateLimiter(CLIENT_FACTOR * config.requests_per_minute, CLIENT_FACTOR * config.burst)
         self._limits = (config.requests_per_minute, config.burst, config.max_in_flight)
         self.in_flight = threading.BoundedSemaphore(config.max_in_flight)
         self._last_sample = 0.0
@@ -195,10 +197,6 @@ class AllocationApi:
         started = time.perf_counter()
         try:
             endpoint, args = self._match(req.method, path)
-            # Who first (a cached TokenReview): the rate limit is the caller's own, per namespace,
-            # so no one can spend another tenant's requests, and an unknown token costs none.
-            user = self._identify(req)
-            tenant = f"{args.get('namespace') or args.get('tenant') or '-'}/{user}"
             in_flight = self.in_flight  # the ConfigMap may replace it meanwhile
             if not in_flight.acquire(blocking=False):
                 raise ApiError(
@@ -207,7 +205,12 @@ class AllocationApi:
                     headers=(("Retry-After", "1"),),
                 )
             try:
-                headers = self.limiter.take(tenant)
+                # Per client address first (what a flood of made-up tokens meets before any
+                # TokenReview), then who (a cached review): the caller's own budget per
+                # namespace, so no one spends another tenant's requests.
+                self.clients.take(f"client {req.client}")
+                user = self._identify(req)
+                headers = self.limiter.take(f"{args.get('namespace') or args.get('tenant') or '-'}/{user}")
                 reply = endpoint.handler(req, *args.values())
             finally:
                 in_flight.release()
@@ -276,6 +279,7 @@ class AllocationApi:
         if limits != self._limits:  # the ConfigMap changed them
             self._limits = limits
             self.limiter = RateLimiter(config.requests_per_minute, config.burst)
+            self.clients = RateLimiter(CLIENT_FACTOR * config.requests_per_minute, CLIENT_FACTOR * config.burst)
             self.in_flight = threading.BoundedSemaphore(config.max_in_flight)
 
     @contextmanager

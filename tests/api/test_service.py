@@ -134,4 +134,7 @@ def test_a_paged_list_reads_its_later_pages_from_the_first_pages_reading(monkeyp
     ctx.events.add("ADDED", cache.by_uid["c"], "6")
     second = ctx.read()
     assert second.rv == "6" and len(second.pods) == 3
-    assert ctx.reading_at("5") is first and ctx.reading_at("4") is None
+    assert ctx.reading_at(str(first.id)) is None  # not kept: no list paged from it
+    ctx.keep(first)
+    assert ctx.reading_at(str(first.id)) is first and ctx.reading_at(str(second.id)) is None
+    assert ctx.reading_at("x") is None

@@ -331,6 +331,7 @@ def test_the_api_port_is_served_over_tls_behind_its_service_when_enabled(helm: H
     assert {"name": "api-tls", "mountPath": "/etc/phalanx/api-tls", "readOnly": True} in extender["volumeMounts"]
     service = one(docs, "Service", "phalanx-api")
     assert service["spec"]["ports"] == [{"name": "https", "port": 443, "targetPort": "api", "protocol": "TCP"}]
+    assert service["spec"]["sessionAffinity"] == "ClientIP"  # a paged list, a drain's progress: per replica
     policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
     assert {"ports": [{"protocol": "TCP", "port": 8443}]} in policy["spec"]["ingress"]
 
