@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ import orjson
 import structlog
 
 from extender.api import convert, models
-from extender.api.context import Context, call
+from extender.api.context import Context, call, merge_patch
 from extender.api.core import ApiError, Slotted, dry_run, int_param, ok, read_body
 from extender.api.monitor import EvictionLog, Latencies, UsageHistory, percentile, period_seconds, rfc3339
 from extender.auth import Access
@@ -83,15 +83,7 @@ class Quotas:
 
     def create(self, req: Request, ns: str) -> Reply:
         body = read_body(models.Quota, req.body, f"quota in {ns}")
-        causes = convert.unknown_quota_resources(body.spec.hard, "hard") + convert.unknown_quota_resources(
-            body.spec.soft, "soft"
-        )
-        if causes:
-            raise ApiError(
-                400,
-                f"quota {body.metadata.name}: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes),
-                causes=causes,
-            )
+        _known_resources(body.metadata.name, body.spec.hard, body.spec.soft)
         dry = dry_run(req.param("dryRun"))
         self.ctx.authorize(req, Access("create", "queues", body.metadata.name))
         kube = self.ctx.as_caller(req)
@@ -101,15 +93,7 @@ class Quotas:
         r = call(kube, "POST", QUEUES, f"quota {body.metadata.name}", body=queue, query=query)
         label = {"metadata": {"labels": {NAMESPACE_LABEL: body.metadata.name}}}
         try:
-            call(
-                kube,
-                "PATCH",
-                f"/api/v1/namespaces/{ns}",
-                f"namespace {ns}",
-                body=label,
-                content_type="application/merge-patch+json",
-                query=query,
-            )
+            merge_patch(kube, f"/api/v1/namespaces/{ns}", f"namespace {ns}", label, dry=dry)
         except ApiError:
             if not dry:  # no half-made quota
                 call(kube, "DELETE", f"{QUEUES}/{body.metadata.name}", f"quota {body.metadata.name}")
@@ -137,13 +121,7 @@ class Quotas:
 
     def patch(self, req: Request, ns: str, name: str) -> Reply:
         body = read_body(models.QuotaPatch, req.body, f"patch of quota {name}")
-        causes = convert.unknown_quota_resources(body.spec.hard, "hard") + convert.unknown_quota_resources(
-            body.spec.soft, "soft"
-        )
-        if causes:
-            raise ApiError(
-                400, f"quota {name}: " + "; ".join(f"{c['field']}: {c['message']}" for c in causes), causes=causes
-            )
+        _known_resources(name, body.spec.hard, body.spec.soft)
         dry = dry_run(req.param("dryRun"))
         self.ctx.authorize(req, Access("patch", "queues", name))
         self._owned(req, name, ns)
@@ -158,15 +136,7 @@ class Quotas:
         patch: JSON = {"spec": spec}
         if body.metadata.resourceVersion:
             patch["metadata"] = {"resourceVersion": body.metadata.resourceVersion}  # 409 when stale
-        r = call(
-            self.ctx.as_caller(req),
-            "PATCH",
-            f"{QUEUES}/{name}",
-            f"quota {name}",
-            body=patch,
-            content_type="application/merge-patch+json",
-            query={"dryRun": "All"} if dry else None,
-        )
+        r = merge_patch(self.ctx.as_caller(req), f"{QUEUES}/{name}", f"quota {name}", patch, dry=dry)
         return ok(200, self._view(name, r.body, ns))
 
     def _owned(self, req: Request, name: str, ns: str) -> JSON:
@@ -269,15 +239,7 @@ class Nodes:
 
     def _cordon(self, kube: Kube, name: str, on: bool, *, dry: bool = False) -> JSON:
         body = {"spec": {"unschedulable": True if on else None}}
-        r = call(
-            kube,
-            "PATCH",
-            f"/api/v1/nodes/{name}",
-            f"node {name}",
-            body=body,
-            content_type="application/merge-patch+json",
-            query={"dryRun": "All"} if dry else None,
-        )
+        r = merge_patch(kube, f"/api/v1/nodes/{name}", f"node {name}", body, dry=dry)
         return r.body if isinstance(r.body, dict) else {}
 
     def _on_node(self, name: str) -> list[PodInfo]:
@@ -498,6 +460,14 @@ class Nodes:
                 yield b": keep-alive\n\n"
             else:
                 yield b"id: %d\ndata: %s\n\n" % (n.seq, orjson.dumps(n.json()))
+
+
+def _known_resources(name: str, hard: Mapping[str, object], soft: Mapping[str, object]) -> None:
+    """400 naming every resource a quota cannot hold."""
+    causes = convert.unknown_quota_resources(hard, "hard") + convert.unknown_quota_resources(soft, "soft")
+    if causes:
+        text = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
+        raise ApiError(400, f"quota {name}: {text}", causes=causes)
 
 
 def _api_job(pod: PodInfo) -> str:

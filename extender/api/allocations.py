@@ -25,7 +25,7 @@ import orjson
 import structlog
 
 from extender.api import convert, models
-from extender.api.context import Context, Reading, call
+from extender.api.context import Context, Reading, call, merge_patch
 from extender.api.core import (
     ApiError,
     FieldRequirement,
@@ -759,10 +759,7 @@ class Allocations:
                 "spec": {"gangGroups": [{**g, "priority": body.newPriority} for g in groups]},
             }
             try:
-                call(
-                    kube, "PATCH", path, f"job {ns}/{name}", body=patch,
-                    content_type="application/merge-patch+json", query={"dryRun": "All"} if dry else None,
-                )  # fmt: skip
+                merge_patch(kube, path, f"job {ns}/{name}", patch, dry=dry)
                 break
             except ApiError as e:
                 if e.code != 409 or attempt == 2:
@@ -815,14 +812,7 @@ class Allocations:
             }
             path = f"{WORKLOADS.format(ns=meta.get('namespace', ''))}/{meta.get('name', '')}"
             try:
-                call(
-                    self.ctx.kube,
-                    "PATCH",
-                    path,
-                    "boost expiry",
-                    body=patch,
-                    content_type="application/merge-patch+json",
-                )
+                merge_patch(self.ctx.kube, path, "boost expiry", patch)
                 done += 1
                 log.info("job boost expired", job=f"{meta.get('namespace')}/{meta.get('name')}")
             except ApiError as e:  # a conflict (the cache lags): the next tick tries again

@@ -148,3 +148,9 @@ def call(kube: Kube, method: str, path: str, what: str, **kwargs: Any) -> Respon
         headers = (("Retry-After", "1"),) if r.status == 429 else ()
         raise ApiError(r.status, f"{what}: {message}", headers=headers)
     raise ApiError(503, f"{what}: the API server answered {r.status}: {message}", headers=(("Retry-After", "1"),))
+
+
+def merge_patch(kube: Kube, path: str, what: str, patch: JSON, *, dry: bool = False) -> Response:
+    """A JSON merge patch (`call`'s errors), in the API server's dry run when `dry`."""
+    query = {"dryRun": "All"} if dry else None
+    return call(kube, "PATCH", path, what, body=patch, content_type="application/merge-patch+json", query=query)

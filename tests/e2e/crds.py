@@ -1,4 +1,5 @@
-"""Phalanx's Workload and Queue CRDs, installed for a suite that creates those objects."""
+"""Phalanx's Workload and Queue CRDs for the suites that create those objects, and a suite's
+clean-up."""
 
 from __future__ import annotations
 
@@ -23,3 +24,12 @@ def install(kube: RestKube, namespace: str) -> None:
         assert r.status in (201, 409), r.body
     for api in (QUEUES, f"/apis/phalanx.io/v1alpha1/namespaces/{namespace}/workloads"):
         wait(f"{api} served", lambda api=api: kube.request("GET", api).status == 200)
+
+
+def delete_suite(kube: RestKube, namespace: str, suite: str) -> None:
+    """Delete the Workloads and pods labelled suite=<suite>, and wait for the pods to go."""
+    query = {"labelSelector": f"suite={suite}"}
+    kube.request("DELETE", f"/apis/phalanx.io/v1alpha1/namespaces/{namespace}/workloads", query=query)
+    kube.request("DELETE", f"/api/v1/namespaces/{namespace}/pods", query={**query, "gracePeriodSeconds": "0"})
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    wait(f"pods of {suite} gone", lambda: not kube.request("GET", pods, query=query).body["items"])

@@ -111,13 +111,7 @@ def cleanup(kube: RestKube) -> Iterator[list[str]]:
     suites: list[str] = []
     yield suites
     for suite in suites:
-        kube.request("DELETE", WORKLOADS, query={"labelSelector": f"suite={suite}"})
-        kube.request(
-            "DELETE",
-            f"/api/v1/namespaces/{NS}/pods",
-            query={"labelSelector": f"suite={suite}", "gracePeriodSeconds": "0"},
-        )
-        wait(f"pods of {suite} gone", lambda suite=suite: not pods(kube, f"suite={suite}"))
+        crds.delete_suite(kube, NS, suite)
 
 
 def pods(kube: RestKube, selector: str) -> list[dict[str, Any]]:
@@ -144,6 +138,12 @@ def job(name: str, suite: str, racks: list[str], *, n: int = 4, gpus: int = 8, r
             },
         },
     }
+
+
+def all_bound(kube: RestKube, suite: str, count: int) -> list[dict[str, Any]] | None:
+    """The suite's pods once there are `count` and all have a node (None until then)."""
+    found = pods(kube, f"suite={suite}")
+    return found if len(found) == count and all(p["spec"].get("nodeName") for p in found) else None
 
 
 def rack_of(kube: RestKube, node: str) -> str:
@@ -225,13 +225,7 @@ def test_a_dry_run_returns_the_plan_the_real_submission_then_gets(
     assert not pods(kube, "suite=api-dry") and kube.request("GET", f"{WORKLOADS}/what-if").status == 404
     status, body, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", spec)
     assert status == 201, body
-    bound = wait(
-        "all bound",
-        lambda: (
-            (ps := pods(kube, "suite=api-dry")) and all(p["spec"].get("nodeName") for p in ps) and len(ps) == 6 and ps
-        ),
-        60,
-    )
+    bound = wait("all bound", lambda: all_bound(kube, "api-dry", 6), 60)
     assert sorted(p["spec"]["nodeName"] for p in bound) == sorted(plan["placement"].values())
 
 
@@ -257,7 +251,7 @@ def test_allocations_list_and_watch_agree_with_the_api_server_and_resume_across_
     for i in range(3):
         s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/allocations", alloc(f"a-{i}"))
         assert s == 201, b
-    wait("bound", lambda: all(p["spec"].get("nodeName") for p in pods(kube, "suite=api-alloc")) or None, 60)
+    wait("bound", lambda: all_bound(kube, "api-alloc", 3), 60)
 
     def listed() -> dict[str, str] | None:
         s, b, _ = client.call("GET", f"/api/v1/namespaces/{NS}/allocations?labelSelector=suite%3Dapi-alloc&limit=2")
@@ -419,13 +413,7 @@ def test_a_drain_of_a_node_holding_a_gang_member_evicts_the_whole_gang_and_reque
     cleanup.append("api-drain")
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", job("drained", "api-drain", ["b1-r2"], n=2))
     assert s == 201, b
-    bound = wait(
-        "bound",
-        lambda: (
-            (ps := pods(kube, "suite=api-drain")) and len(ps) == 2 and all(p["spec"].get("nodeName") for p in ps) and ps
-        ),
-        60,
-    )
+    bound = wait("bound", lambda: all_bound(kube, "api-drain", 2), 60)
     node = bound[0]["spec"]["nodeName"]
     first = {p["metadata"]["uid"] for p in bound}
     try:
@@ -619,7 +607,7 @@ def test_a_request_over_its_quota_gets_403_naming_quota_resource_limit_and_usage
         }
         s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/allocations", alloc)
         assert s == 201, b
-        wait("bound", lambda: all(p["spec"].get("nodeName") for p in pods(kube, "suite=api-quota")) or None, 60)
+        wait("bound", lambda: all_bound(kube, "api-quota", 1), 60)
         wait(
             "usage counted",
             lambda: (
@@ -650,16 +638,7 @@ def test_an_admin_preemption_evicts_the_whole_gang_and_the_node_stream_tells_it(
     cleanup.append("api-preempt")
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", job("victim", "api-preempt", ["b0-r2"], n=3, gpus=2))
     assert s == 201, b
-    bound = wait(
-        "bound",
-        lambda: (
-            (ps := pods(kube, "suite=api-preempt"))
-            and len(ps) == 3
-            and all(p["spec"].get("nodeName") for p in ps)
-            and ps
-        ),
-        60,
-    )
+    bound = wait("bound", lambda: all_bound(kube, "api-preempt", 3), 60)
     node = bound[0]["spec"]["nodeName"]
     notices: list[dict[str, Any]] = []
     reader = threading.Thread(
@@ -689,13 +668,7 @@ def test_a_drain_that_waits_for_gangs_leaves_them_and_says_so(
     cleanup.append("api-wait")
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", job("kept", "api-wait", ["b1-r3"], n=2, gpus=2))
     assert s == 201, b
-    bound = wait(
-        "bound",
-        lambda: (
-            (ps := pods(kube, "suite=api-wait")) and len(ps) == 2 and all(p["spec"].get("nodeName") for p in ps) and ps
-        ),
-        60,
-    )
+    bound = wait("bound", lambda: all_bound(kube, "api-wait", 2), 60)
     node = bound[0]["spec"]["nodeName"]
     try:
         s, b, _ = client.call("POST", f"/api/v1/nodes/{node}/drain?dryRun=All", {"gangPolicy": "EvictGang"})
@@ -716,10 +689,7 @@ def test_monitoring_reports_the_cluster_queues_and_a_tenants_usage(
     assert s == 200 and before["cluster"]["nodes"]["total"] == 64, before
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", job("mon", "api-mon", ["b1-r0"], n=2))
     assert s == 201, b
-    wait(
-        "bound",
-        lambda: (ps := pods(kube, "suite=api-mon")) and all(p["spec"].get("nodeName") for p in ps) and len(ps) == 2,
-    )
+    wait("bound", lambda: all_bound(kube, "api-mon", 2))
     after = wait(  # reports are rebuilt at most once a second
         "utilisation counts the job",
         lambda: (
@@ -757,11 +727,7 @@ def test_a_dry_run_that_needs_room_says_whom_it_would_preempt(
     low = job("low", "api-room", ["b0-r1"], n=8)  # the whole rack, priority 100
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs", low)
     assert s == 201, b
-    wait(
-        "rack full",
-        lambda: (ps := pods(kube, "suite=api-room")) and len(ps) == 8 and all(p["spec"].get("nodeName") for p in ps),
-        60,
-    )
+    wait("rack full", lambda: all_bound(kube, "api-room", 8), 60)
     high = job("high", "api-room", ["b0-r1"], n=2)
     high["spec"]["priority"] = 1000
     s, b, _ = client.call("POST", f"/api/v1/namespaces/{NS}/jobs?dryRun=All", high)

@@ -65,13 +65,7 @@ def cleanup(kube: RestKube) -> Iterator[list[str]]:
     suites: list[str] = []
     yield suites
     for suite in suites:
-        kube.request("DELETE", WORKLOADS, query={"labelSelector": f"suite={suite}"})
-        kube.request(
-            "DELETE",
-            f"/api/v1/namespaces/{NS}/pods",
-            query={"labelSelector": f"suite={suite}", "gracePeriodSeconds": "0"},
-        )
-        wait(f"pods of {suite} gone", lambda suite=suite: not pods(kube, f"suite={suite}"))
+        crds.delete_suite(kube, NS, suite)
         kube.request("DELETE", QUEUES, query={"labelSelector": f"suite={suite}"})
 
 
