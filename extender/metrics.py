@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -119,6 +120,7 @@ class Metrics:
         )
         # Raw latencies of the most recent calls per verb, for exact percentiles (/api/v1/stats).
         self._samples: dict[str, deque[float]] = {}
+        self._children: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
     # The gang cycle's GangStats (extender/gangs/manager.py).
@@ -132,7 +134,7 @@ class Metrics:
         self.gang_timeouts.inc()
 
     def observe(self, verb: str, seconds: float) -> None:
-        self.latency.labels(verb).observe(seconds)
+        self._series(verb, "").observe(seconds)
         with self._lock:
             self._samples.setdefault(verb, deque(maxlen=100_000)).append(seconds)
 
@@ -142,7 +144,16 @@ class Metrics:
             for phase, seconds in phases.items():
                 self._samples.setdefault(f"{verb}.{phase}", deque(maxlen=100_000)).append(seconds)
         for phase, seconds in phases.items():
-            self.phases.labels(verb, phase).observe(seconds)
+            self._series(verb, phase).observe(seconds)
+
+    def _series(self, verb: str, phase: str) -> Any:
+        """A verb's latency histogram (phase "") or one of its phases', looked up once: the
+        verbs and phases are the server's own names, a few dozen series at most."""
+        series = self._children.get((verb, phase))
+        if series is None:
+            series = self.phases.labels(verb, phase) if phase else self.latency.labels(verb)
+            self._children[(verb, phase)] = series
+        return series
 
     def percentiles(self) -> dict[str, dict[str, float]]:
         """Per verb: count, mean, p50 and p99 in ms over the recent calls (nearest rank)."""

@@ -1,0 +1,224 @@
+"""extender/http1.py against real sockets: kept-alive connections reused, bodies by length and
+chunked, a connection the server closed replaced (before use, or once after a send that got no
+answer), malformed answers refused as OSError, TLS with a client certificate."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from extender import http1
+from extender.kube import RestKube, Unreachable
+from tests import certs
+
+#: (connection number, request number on it, the request's bytes) -> bytes to send; None closes.
+Responder = Callable[[int, int, bytes], bytes | None]
+
+
+def _ok(body: bytes = b'{"kind":"Status","code":201}', status: str = "201 Created") -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        status.encode(),
+        len(body),
+        body,
+    )
+
+
+def _read_request(reader: object) -> bytes | None:
+    readline = reader.readline  # type: ignore[attr-defined]
+    head = b""
+    length = 0
+    while True:
+        line = readline(65536)
+        if not line:
+            return None
+        head += line
+        if line in (b"\r\n", b"\n"):
+            break
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    return head + reader.read(length)  # type: ignore[attr-defined]
+
+
+@contextmanager
+def scripted(respond: Responder, tls: ssl.SSLContext | None = None) -> Iterator[tuple[int, list[bytes]]]:
+    """A loopback server answering each request as `respond` says; yields (port, requests seen)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def serve(conn: socket.socket, number: int) -> None:
+        try:
+            if tls is not None:
+                conn = tls.wrap_socket(conn, server_side=True)
+            reader = conn.makefile("rb")
+            for index in range(1000):
+                request = _read_request(reader)
+                if request is None:
+                    return
+                seen.append(request)
+                answer = respond(number, index, request)
+                if answer is None:
+                    return
+                conn.sendall(answer)
+        except (OSError, ssl.SSLError):
+            return
+        finally:
+            conn.close()
+
+    def accept() -> None:
+        number = 0
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn, number), daemon=True).start()
+            number += 1
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        stop.set()
+        listener.close()
+
+
+def test_requests_share_one_kept_alive_connection_and_bodies_arrive_whole() -> None:
+    connections: set[int] = set()
+
+    def respond(conn: int, index: int, request: bytes) -> bytes:
+        connections.add(conn)
+        return _ok(request.split(b"\r\n\r\n", 1)[1])
+
+    with scripted(respond) as (port, seen):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        for i in range(5):
+            status, body = c.request("POST", f"/p/{i}?x=1", {"Content-Type": "application/json"}, b'{"i":%d}' % i)
+            assert (status, body) == (201, b'{"i":%d}' % i)
+    assert connections == {0}
+    assert seen[0].startswith(b"POST /p/0?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nContent-Length: 7\r\n" in seen[0]
+
+
+def test_a_chunked_answer_with_trailers_is_joined_and_close_is_honoured() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nabcd\r\n3\r\nefg\r\n0\r\nX-T: 1\r\n\r\n"
+    closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
+    connections: set[int] = set()
+
+    def respond(conn: int, index: int, request: bytes) -> bytes:
+        connections.add(conn)
+        return chunked if b"/chunked" in request else closing
+
+    with scripted(respond) as (port, _):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        assert c.request("PATCH", "/chunked", {}, b"{}") == (200, b"abcdefg")
+        assert c.request("POST", "/close", {}, b"{}") == (200, b"ok")  # same connection, then closed
+        assert c.request("POST", "/chunked", {}, b"{}") == (200, b"abcdefg")  # a new one
+    assert connections == {0, 1}
+
+
+def test_an_interim_100_continue_is_skipped() -> None:
+    with scripted(lambda c, i, r: b"HTTP/1.1 100 Continue\r\n\r\n" + _ok(b"x")) as (port, _):
+        assert http1.Client(f"http://127.0.0.1:{port}").request("POST", "/", {}, b"") == (201, b"x")
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
+    # The server answers one request per connection and closes without saying so.
+    def respond(conn: int, index: int, request: bytes) -> bytes | None:
+        return _ok(b"%d" % conn) if index == 0 else None
+
+    with scripted(respond) as (port, _):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        assert c.request("POST", "/", {}, b"") == (201, b"0")
+        deadline = 50
+        while deadline and c._idle and c._idle[0].idle_and_open():  # the close reaches us
+            threading.Event().wait(0.02)
+            deadline -= 1
+        assert c.request("POST", "/", {}, b"") == (201, b"1")
+
+
+def test_a_reused_connection_that_dies_before_answering_is_retried_once_on_a_fresh_one() -> None:
+    # Connection 0 answers once, then reads the next request and closes without an answer.
+    def respond(conn: int, index: int, request: bytes) -> bytes | None:
+        return None if conn == 0 and index == 1 else _ok(b"%d.%d" % (conn, index))
+
+    with scripted(respond) as (port, seen):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        assert c.request("POST", "/a", {}, b"") == (201, b"0.0")
+        assert c.request("POST", "/b", {}, b"") == (201, b"1.0")
+    assert [r.split(b" ")[1] for r in seen] == [b"/a", b"/b", b"/b"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SMTP ready\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXX",
+        b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 300 + b"\r\n",
+        b"",  # closed at once on a fresh connection
+    ],
+)
+def test_a_malformed_answer_is_an_os_error_and_the_connection_is_not_kept(answer: bytes) -> None:
+    with scripted(lambda c, i, r: answer or None) as (port, _):
+        c = http1.Client(f"http://127.0.0.1:{port}", read_timeout_s=2)
+        with pytest.raises(OSError):
+            c.request("POST", "/", {}, b"{}")
+        assert c._idle == []
+
+
+def test_tls_with_the_cas_verification_and_a_client_certificate(tmp_path: Path) -> None:
+    ca = certs.ca(tmp_path, "ca")
+    server = certs.signed(tmp_path, "server", ca, server=True)
+    user = certs.signed(tmp_path, "user", ca)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.cert))
+    context.load_cert_chain(str(server.cert), str(server.key))
+    context.verify_mode = ssl.CERT_REQUIRED
+    with scripted(lambda c, i, r: _ok(b"tls"), tls=context) as (port, _):
+        files = http1.TLSFiles(True, str(ca.cert), str(user.cert), str(user.key))
+        assert http1.Client(f"https://127.0.0.1:{port}", files).request("POST", "/", {}, b"") == (201, b"tls")
+        with pytest.raises(OSError):  # no client certificate: the server refuses the handshake
+            http1.Client(f"https://127.0.0.1:{port}", http1.TLSFiles(True, str(ca.cert))).request("POST", "/", {}, b"")
+        other = certs.ca(tmp_path, "other")
+        with pytest.raises(ssl.SSLCertVerificationError):  # a server the CA did not sign
+            http1.Client(f"https://127.0.0.1:{port}", http1.TLSFiles(True, str(other.cert))).request("POST", "/", {}, b"")
+
+
+def test_rest_kube_sends_writes_through_it_and_reads_through_urllib3() -> None:
+    def respond(conn: int, index: int, request: bytes) -> bytes:
+        if request.startswith(b"GET"):
+            return _ok(b'{"kind":"Pod"}', "200 OK")
+        return _ok(b'{"kind":"Status","code":201}')
+
+    with scripted(respond) as (port, seen):
+        cfg = client.Configuration()
+        cfg.host = f"http://127.0.0.1:{port}"
+        cfg.api_key = {"authorization": "Bearer t0ken"}
+        kube = RestKube(cfg)
+        response = kube.request("POST", "/api/v1/namespaces/a/pods/b/binding", body={"kind": "Binding"})
+        assert (response.status, response.body) == (201, {"kind": "Status", "code": 201})
+        assert kube.request("GET", "/api/v1/namespaces/a/pods/b").body == {"kind": "Pod"}
+    post = next(r for r in seen if r.startswith(b"POST"))
+    assert b"\r\nAuthorization: Bearer t0ken\r\n" in post
+    assert b"\r\nContent-Type: application/json\r\n" in post
+    assert post.endswith(b'{"kind":"Binding"}')
+
+
+def test_rest_kube_reports_a_write_to_a_server_that_is_gone_as_unreachable() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    cfg = client.Configuration()
+    cfg.host = f"http://127.0.0.1:{port}"
+    with pytest.raises(Unreachable):
+        RestKube(cfg).request("POST", "/api/v1/namespaces/a/events", body={})
