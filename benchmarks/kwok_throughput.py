@@ -40,10 +40,10 @@ Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms, nod
 ready_s, and extender/kube-scheduler CPU ms per pod.
 
 `--memory` measures the extender at scale instead: N nodes (default 5,000) and M pods
-(default 50,000) already bound before it starts, 7 in 10 holding a whole GPU with its device
-record; the extender's RSS once ready, its time from start to ready (both lists read, the
-cache built), and when each list ended (from the extender's log). Headline keys: nodes, pods,
-rss_mib, ready_s.
+(default 50,000) already bound and Running (KWOK has marked every one) before it starts, 7 in 10
+holding a whole GPU with its device record; the extender's RSS once ready, its time from start
+to ready (both lists read, the cache built), and when each list ended (from the extender's
+log). Headline keys: nodes, pods, rss_mib, ready_s.
 """
 
 from __future__ import annotations
@@ -367,6 +367,15 @@ def memory(args: argparse.Namespace) -> None:
     def fill(kube: RestKube) -> None:
         create_bound_pods(kube, pods)
         print(f"{pods} bound pods created in {time.monotonic() - started:.0f} s", flush=True)
+        # KWOK then marks each pod Running: 50,000 status updates that would keep kube-apiserver
+        # busy through the extender's lists. A restarted extender meets a settled cluster.
+        settled = time.monotonic()
+        waiting = {"fieldSelector": "status.phase!=Running", "limit": "1"}
+        while kube.request("GET", "/api/v1/pods", query=waiting).body["items"]:
+            if time.monotonic() - settled > 900:
+                raise RuntimeError("KWOK did not mark the pods Running within 15 minutes")
+            time.sleep(2)
+        print(f"all {pods} pods Running {time.monotonic() - settled:.0f} s later", flush=True)
 
     with kwok_session("bench-memory", nodes, before_extender=fill) as session:
         ready_s = session.ready_s
@@ -382,7 +391,7 @@ def memory(args: argparse.Namespace) -> None:
         for sample in family.samples
     }
     lines = [
-        f"{nodes} KWOK nodes (8 GPUs each), {pods} pods bound before the extender starts "
+        f"{nodes} KWOK nodes (8 GPUs each), {pods} pods bound and Running before the extender starts "
         "(70 % holding a whole GPU with its device record)",
         f"extender ready {ready_s:.2f} s after start; RSS {rss:.0f} MiB 5 s after ready; cache holds {cached}",
         f"start-up (s from the extender's first log line): {timeline}",

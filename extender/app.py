@@ -82,6 +82,8 @@ OLDER_VERSIONS = {"/apis/scheduling.k8s.io/v1beta1/podgroups": ("/apis/schedulin
 log = structlog.get_logger("phalanx.app")
 CATCH_UP_GATHER_S = 0.005  # a burst of pod changes gathered before the memos catch up
 CATCH_UP_QUIET_S = 0.02  # no verb call for this long: kube-scheduler is not streaming pods
+# Young objects collected every 50,000 allocations (not 700): start-up and the verbs make many.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 @dataclass(frozen=True)
@@ -511,6 +513,12 @@ class Extender:
     def start(self) -> None:
         # Filter and prioritize must not queue behind watch decoding for a whole 5 ms GIL slice.
         sys.setswitchinterval(0.001)
+        # The lists build a large heap fast (50,000 pods parsed page by page). At the collector's
+        # default thresholds it walks the growing heap again and again: 3 of the 5 s it takes
+        # to decode and read 50,000 pods in process. What the imports made lives as long as the
+        # process: out of its way too.
+        gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         logs.configure(self.config.server.log_level)
         for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, *self._config_reflectors()]:
             self._threads.append(r.start())
@@ -591,10 +599,10 @@ class Extender:
         self.metrics.cache_objects.labels("pods").set(pods)
         synced = self.synced()
         if synced and not self._gc_tuned:
-            # The cache is a large, long-lived heap: move it out of the collector's way, and
-            # collect young objects less often, so no filter call pays for a full collection.
+            # The cache is a large, long-lived heap: move it out of the collector's way (young
+            # objects are collected less often since `start`), so no filter call pays for a
+            # full collection.
             gc.freeze()
-            gc.set_threshold(50_000, 20, 100)
             self._gc_tuned = True
         return synced and not dead
 

@@ -187,11 +187,12 @@ def test_tls_with_the_cas_verification_and_a_client_certificate(tmp_path: Path) 
     with scripted(lambda c, i, r: _ok(b"tls"), tls=context) as (port, _):
         files = http1.TLSFiles(True, str(ca.cert), str(user.cert), str(user.key))
         assert http1.Client(f"https://127.0.0.1:{port}", files).request("POST", "/", {}, b"") == (201, b"tls")
+        url = f"https://127.0.0.1:{port}"
         with pytest.raises(OSError):  # no client certificate: the server refuses the handshake
-            http1.Client(f"https://127.0.0.1:{port}", http1.TLSFiles(True, str(ca.cert))).request("POST", "/", {}, b"")
+            http1.Client(url, http1.TLSFiles(True, str(ca.cert))).request("POST", "/", {}, b"")
         other = certs.ca(tmp_path, "other")
         with pytest.raises(ssl.SSLCertVerificationError):  # a server the CA did not sign
-            http1.Client(f"https://127.0.0.1:{port}", http1.TLSFiles(True, str(other.cert))).request("POST", "/", {}, b"")
+            http1.Client(url, http1.TLSFiles(True, str(other.cert))).request("POST", "/", {}, b"")
 
 
 def test_rest_kube_sends_writes_through_it_and_reads_through_urllib3() -> None:

@@ -67,3 +67,22 @@ def test_a_watch_body_may_idle_longer_than_the_header_wait(monkeypatch: pytest.M
     with server(headers, pause_s=1.5, then=chunk) as port:
         events = rest(port).stream("/api/v1/pods", {"watch": "1", "timeoutSeconds": "300"})
         assert next(events)["object"]["metadata"]["name"] == "p"
+
+
+def test_watch_lines_are_framed_across_chunks_and_within_one() -> None:
+    """Events as kube-apiserver streams them (one chunk each), several in one chunk, one split
+    across chunks, blank lines between: each decoded once, in order; a last line without its
+    newline (the stream cut mid-event) is not."""
+    events = [b'{"type":"ADDED","object":{"n":%d}}' % i for i in range(5)]
+    pieces = [
+        events[0] + b"\n",
+        events[1] + b"\n" + events[2] + b"\n\n",
+        events[3][:9],
+        events[3][9:] + b"\n",
+        events[4],
+    ]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+    headers = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    with server(headers + body) as port:
+        got = list(rest(port).stream("/api/v1/pods", {"watch": "1", "timeoutSeconds": "5"}))
+    assert [e["object"]["n"] for e in got] == [0, 1, 2, 3]

@@ -281,6 +281,10 @@ def test_malformed_request_gets_a_4xx_naming_the_field_and_the_server_lives_on(
         ("an unknown method", b"BREW /filter HTTP/1.1\r\n\r\n", 405),
         ("a request line that is noise", b"\x00\x01\x02 garbage\r\n\r\n", 400),
         ("a header line of 70,000 bytes", b"GET /healthz HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431),
+        ("101 headers", b"GET /healthz HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", 431),
+        ("a length folded onto two lines", b"POST /filter HTTP/1.1\r\ncontent-LENGTH: 1\r\n 2\r\n\r\n{}", 400),
+        ("an HTTP version that is no number", b"GET /healthz HTTP/1.x\r\n\r\n", 400),
+        ("a POST in HTTP/0.9", b"POST /filter\r\n\r\n", 400),
     ],
 )
 def test_broken_framing_gets_a_4xx_and_the_connection_closes(
@@ -483,3 +487,25 @@ def test_verb_calls_are_timed_by_phase(server: Server) -> None:
     assert stats["filter"]["count"] == 4  # the refused call is still a call
     parts = sum(stats[f"filter.{p}"]["p50_ms"] for p in phases[:-1])
     assert stats["filter.server"]["p50_ms"] > 0 and parts > 0
+
+
+def test_header_names_are_read_without_regard_to_case_and_answers_keep_the_connection(server: Server) -> None:
+    """The server's own header reading (`_read_headers`): a lower-case Content-Length frames the
+    body, `Expect: 100-continue` gets its interim answer, each answer is one HTTP/1.1 response
+    with its length, and the connection serves the next request."""
+    with socket.create_connection(server.server_address[:2], timeout=10) as s:
+        reader = s.makefile("rb")
+        for _ in range(2):
+            s.sendall(b"POST /filter HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\nEXPECT: 100-continue\r\n\r\n")
+            assert reader.readline() == b"HTTP/1.1 100 Continue\r\n"
+            assert reader.readline() == b"\r\n"
+            s.sendall(b"{}")
+            status = reader.readline()
+            headers = {}
+            while (line := reader.readline()) != b"\r\n":
+                name, _, value = line.decode().partition(":")
+                headers[name.lower()] = value.strip()
+            body = reader.read(int(headers["content-length"]))
+            assert status.startswith(b"HTTP/1.1 400 "), status  # {} has no Pod: a verb's own refusal
+            assert b"Pod" in body and "connection" not in headers and headers["date"].endswith("GMT")
+    assert healthy(server)
