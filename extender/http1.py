@@ -116,12 +116,12 @@ class Client:
         lines.append("\r\n")
         data = "".join(lines).encode("latin-1") + (body or b"")
         for attempt in (0, 1):
-            conn, reused = self._take()
+            conn, reused = self._take() if attempt == 0 else (self._connect(), False)
             try:
-                status, answer, keep = self._exchange(conn, data, method, reused=reused and attempt == 0)
+                status, answer, keep = self._exchange(conn, data, method, reused=reused)
             except _Stale:
                 conn.close()
-                continue  # the second attempt always gets a fresh connection
+                continue  # once more, on a fresh connection
             except BaseException:
                 conn.close()
                 raise

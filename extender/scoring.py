@@ -14,7 +14,8 @@ stays small when most nodes look alike.
 
 from __future__ import annotations
 
-from itertools import islice
+from itertools import compress, islice, repeat
+from operator import eq
 
 
 def fragmentation_scores(deltas: dict[str, float], tiers: dict[str, int], *, by_name: bool) -> dict[str, int]:
@@ -53,7 +54,7 @@ def fragmentation_lead(deltas: dict[str, float], tiers: dict[str, int]) -> str:
         tier = tiers.get
         return min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))
     least = min(deltas.values())  # the common case (no packing preference here), in C-speed passes
-    return min([n for n, d in deltas.items() if d == least])
+    return min(compress(deltas, map(eq, repeat(least), deltas.values())))
 
 
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:
@@ -100,4 +101,6 @@ def best(names: list[str], scores: dict[str, int], k: int) -> list[str]:
         keep.update(bucket)
     else:  # every scored node kept: then the first unscored ones
         keep.update(islice((n for n in names if n not in scores), k - len(keep)))
+    if len(keep) == 1:
+        return list(keep)  # filter's cut to one node: no pass over the names for its order
     return [n for n in names if n in keep]

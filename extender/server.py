@@ -412,15 +412,16 @@ class _Headers:
 MAX_HEADER_LINE, MAX_HEADERS = 65536, 100
 
 
-def _read_headers(rfile: Any) -> _Headers | str:
-    """The header block up to its empty line, or why it is refused (431). A line that starts
-    with white space continues the previous header (obsolete folding, as the email parser
-    reads it); a line without a colon is dropped, as it drops it."""
+def _read_headers(rfile: Any) -> _Headers | tuple[HTTPStatus, str]:
+    """The header block up to its empty line, or why it is refused: 431 past the limits, 400
+    for a name with white space in it (RFC 9112 5.1: "Content-Length : 5" must not frame a
+    body). A line that starts with white space continues the previous header (obsolete
+    folding, as the email parser reads it); a line without a colon is dropped."""
     items: list[tuple[str, str]] = []
     for _ in range(MAX_HEADERS + 1):
         line = rfile.readline(MAX_HEADER_LINE + 1)
         if len(line) > MAX_HEADER_LINE:
-            return "Line too long"
+            return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long"
         if line in (b"\r\n", b"\n", b""):
             return _Headers(items)
         text = line.decode("iso-8859-1").rstrip("\r\n")
@@ -429,9 +430,12 @@ def _read_headers(rfile: Any) -> _Headers | str:
                 items[-1] = (items[-1][0], f"{items[-1][1]} {text.strip()}")
             continue
         name, colon, value = text.partition(":")
-        if colon:
-            items.append((name.strip(), value.strip()))
-    return "Too many headers"
+        if not colon:
+            continue
+        if not name or name != "".join(name.split()):
+            return HTTPStatus.BAD_REQUEST, f"Bad header name {name[:64]!r}"
+        items.append((name, value.strip()))
+    return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers"
 
 
 def _http_version(version: str) -> tuple[int, int] | None:
@@ -566,8 +570,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("//"):
             self.path = "/" + self.path.lstrip("/")  # gh-87389: never an absolute URI without scheme
         headers = _read_headers(self.rfile)
-        if isinstance(headers, str):
-            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, headers)
+        if isinstance(headers, tuple):
+            self.send_error(*headers)
             return False
         self.headers = headers  # type: ignore[assignment]  # get, get_all, items: what is read here
         connection = headers.get("Connection", "").lower()

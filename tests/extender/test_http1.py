@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -30,9 +31,9 @@ def _ok(body: bytes = b'{"kind":"Status","code":201}', status: str = "201 Create
     )
 
 
-def _read_request(reader: object) -> bytes | None:
-    readline = reader.readline  # type: ignore[attr-defined]
-    head = b""
+def _read_request(reader: Any) -> bytes | None:
+    readline = reader.readline
+    head: bytes = b""
     length = 0
     while True:
         line = readline(65536)
@@ -43,7 +44,8 @@ def _read_request(reader: object) -> bytes | None:
             break
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":", 1)[1])
-    return head + reader.read(length)  # type: ignore[attr-defined]
+    data: bytes = reader.read(length)
+    return head + data
 
 
 @contextmanager
@@ -54,6 +56,7 @@ def scripted(respond: Responder, tls: ssl.SSLContext | None = None) -> Iterator[
     stop = threading.Event()
 
     def serve(conn: socket.socket, number: int) -> None:
+        reader = None
         try:
             if tls is not None:
                 conn = tls.wrap_socket(conn, server_side=True)
@@ -70,6 +73,8 @@ def scripted(respond: Responder, tls: ssl.SSLContext | None = None) -> Iterator[
         except (OSError, ssl.SSLError):
             return
         finally:
+            if reader is not None:
+                reader.close()  # the file holds the socket open past conn.close()
             conn.close()
 
     def accept() -> None:
@@ -142,6 +147,34 @@ def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
             threading.Event().wait(0.02)
             deadline -= 1
         assert c.request("POST", "/", {}, b"") == (201, b"1")
+
+
+def test_the_retry_after_a_dead_connection_never_takes_another_kept_one() -> None:
+    # Two kept-alive connections, both dying at their next request without an answer: the
+    # first attempt takes one, the retry opens a third instead of taking the other.
+    def respond(conn: int, index: int, request: bytes) -> bytes | None:
+        return None if conn < 2 and index == 1 else _ok(b"%d" % conn)
+
+    with scripted(respond) as (port, _):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        results: list[tuple[int, bytes]] = []
+        threads = [threading.Thread(target=lambda: results.append(c.request("POST", "/", {}, b""))) for _ in range(2)]
+        barrier = threading.Barrier(2)
+        originals = c._exchange
+
+        def slow(*args: object, **kwargs: object) -> tuple[int, bytes, bool]:  # both in flight at once
+            barrier.wait(5)
+            return originals(*args, **kwargs)  # type: ignore[arg-type]
+
+        c._exchange = slow  # type: ignore[method-assign]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        del c._exchange  # the class's own again (an instance attribute would make a cycle)
+        assert sorted(results) == [(201, b"0"), (201, b"1")] and len(c._idle) == 2
+        assert c.request("POST", "/", {}, b"") == (201, b"2")
+        c.close()
 
 
 def test_a_reused_connection_that_dies_before_answering_is_retried_once_on_a_fresh_one() -> None:

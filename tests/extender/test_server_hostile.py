@@ -285,6 +285,7 @@ def test_malformed_request_gets_a_4xx_naming_the_field_and_the_server_lives_on(
         ("a length folded onto two lines", b"POST /filter HTTP/1.1\r\ncontent-LENGTH: 1\r\n 2\r\n\r\n{}", 400),
         ("an HTTP version that is no number", b"GET /healthz HTTP/1.x\r\n\r\n", 400),
         ("a POST in HTTP/0.9", b"POST /filter\r\n\r\n", 400),
+        ("white space before a header's colon", b"POST /filter HTTP/1.1\r\nContent-Length : 2\r\n\r\n{}", 400),
     ],
 )
 def test_broken_framing_gets_a_4xx_and_the_connection_closes(
