@@ -9,9 +9,12 @@ kubeconfig's CA and client certificate), reads the status line and the headers i
 the body by Content-Length or chunked transfer. Lists and watches stay with urllib3.
 
 A kept-alive connection the server has closed (readable before anything was sent) is dropped
-before use; a reused connection that fails before any byte of the answer came is retried once
-on a fresh one, as urllib3 does. Any other failure is an `OSError` (`extender.kube.Unreachable`
-wraps it), which callers already treat as transient.
+before use; a reused connection that fails before any byte of the answer came (the server
+closed it as the request went out) is retried once on a fresh one. Should the first one have
+been applied after all, a repeated Binding gets 409, which the binder reads as bound when the
+pod is on its node; patches are idempotent, and an Event or eviction twice is harmless. Any
+other failure is an `OSError` (`extender.kube.Unreachable` wraps it), which callers already
+treat as transient.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class Client:
         self.hostname = parts.hostname
         self.port = parts.port or (443 if self.https else 80)
         self.host_header = parts.netloc.rsplit("@", 1)[-1]
+        self.prefix = parts.path.rstrip("/")  # a server behind a path (a proxy's cluster URL)
         self.tls = tls or TLSFiles()
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
@@ -108,8 +112,9 @@ class Client:
     def request(
         self, method: str, target: str, headers: Mapping[str, str], body: bytes | None = None
     ) -> tuple[int, bytes]:
-        """(status, body) of one request; `target` is the path with its query."""
-        lines = [f"{method} {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
+        """(status, body) of one request; `target` is the path (below the base URL's own) with
+        its query."""
+        lines = [f"{method} {self.prefix}{target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
         lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}\r\n")

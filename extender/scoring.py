@@ -101,6 +101,7 @@ def best(names: list[str], scores: dict[str, int], k: int) -> list[str]:
         keep.update(bucket)
     else:  # every scored node kept: then the first unscored ones
         keep.update(islice((n for n in names if n not in scores), k - len(keep)))
-    if len(keep) == 1:
-        return list(keep)  # filter's cut to one node: no pass over the names for its order
+    if len(keep) == 1:  # filter's cut to one node: no pass over the names for its order
+        (only,) = keep
+        return [only] if only in names else []
     return [n for n in names if n in keep]

@@ -112,6 +112,13 @@ def test_requests_share_one_kept_alive_connection_and_bodies_arrive_whole() -> N
     assert b"\r\nContent-Length: 7\r\n" in seen[0]
 
 
+def test_a_base_url_with_a_path_prefixes_every_request() -> None:
+    # kube-apiserver behind a proxy's per-cluster path, as urllib3 requests it (host + path).
+    with scripted(lambda c, i, r: _ok(b"")) as (port, seen):
+        http1.Client(f"http://127.0.0.1:{port}/k8s/clusters/c-1/").request("PATCH", "/api/v1/x?a=b", {}, b"{}")
+    assert seen[0].startswith(b"PATCH /k8s/clusters/c-1/api/v1/x?a=b HTTP/1.1\r\n")
+
+
 def test_a_chunked_answer_with_trailers_is_joined_and_close_is_honoured() -> None:
     chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\nabcd\r\n3\r\nefg\r\n0\r\nX-T: 1\r\n\r\n"
     closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
