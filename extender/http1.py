@@ -32,6 +32,13 @@ from urllib.parse import urlsplit
 MAX_LINE = 65536  # bytes of a status or header line
 MAX_HEADERS = 200
 MAX_BODY = 256 * 2**20  # an answer larger than this is not one of ours
+HEX_DIGITS = b"0123456789abcdefABCDEF"
+USER_AGENT = "phalanx-extender"
+
+
+def _field_ok(name: str, value: str) -> bool:
+    """A header this client may send: no line breaks to smuggle another header or request."""
+    return not any(c in name for c in ":\r\n ") and "\r" not in value and "\n" not in value
 
 
 class ProtocolFault(OSError):
@@ -73,10 +80,11 @@ class _Connection:
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return False
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+            poller = select.poll()  # any descriptor number (select() stops at 1,024)
+            poller.register(self.sock, select.POLLIN)
+            return not poller.poll(0)
         except (OSError, ValueError):
             return False
-        return not readable
 
 
 class Client:
@@ -114,12 +122,20 @@ class Client:
     ) -> tuple[int, bytes]:
         """(status, body) of one request; `target` is the path (below the base URL's own) with
         its query."""
+        fields = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **headers}
+        if any(c in target for c in " \r\n\t") or not all(_field_ok(k, v) for k, v in fields.items()):
+            raise ProtocolFault(f"refused to send a request line or header with control characters: {target[:64]!r}")
         lines = [f"{method} {self.prefix}{target} HTTP/1.1\r\nHost: {self.host_header}\r\n"]
-        lines.extend(f"{name}: {value}\r\n" for name, value in headers.items())
+        lines.extend(f"{name}: {value}\r\n" for name, value in fields.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}\r\n")
         lines.append("\r\n")
-        data = "".join(lines).encode("latin-1") + (body or b"")
+        try:
+            data = "".join(lines).encode("ascii") + (body or b"")
+        except UnicodeEncodeError:
+            raise ProtocolFault(
+                f"refused to send a request line or header that is not ASCII: {target[:64]!r}"
+            ) from None
         for attempt in (0, 1):
             conn, reused = self._take() if attempt == 0 else (self._connect(), False)
             try:
@@ -183,6 +199,7 @@ class Client:
             if self._context is not None and key == self._context_key:
                 return self._context
         context = ssl.create_default_context(cafile=self.tls.ca_file)
+        context.hostname_checks_common_name = False  # the name in the SAN, as urllib3 2 checks it
         if not self.tls.verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
@@ -236,7 +253,7 @@ def _status_line(line: bytes) -> tuple[str, int]:
     if len(line) > MAX_LINE:
         raise ProtocolFault("status line too long")
     parts = line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit() or len(parts[1]) != 3:
+    if len(parts) < 2 or parts[0] not in (b"HTTP/1.0", b"HTTP/1.1") or not parts[1].isdigit() or len(parts[1]) != 3:
         raise ProtocolFault(f"not an HTTP/1.x status line: {line[:64]!r}")
     return parts[0].decode("ascii"), int(parts[1])
 
@@ -260,16 +277,21 @@ def _headers(reader: object) -> tuple[int | None, bool, bool]:
                 raise ProtocolFault(f"bad Content-Length {text[:32]!r}")
             length = int(text)
         elif name == b"transfer-encoding":
+            if chunked:
+                raise ProtocolFault("Transfer-Encoding given twice")
             chunked = value.strip().lower().endswith(b"chunked")
         elif name == b"connection":
-            close = b"close" in value.lower()
+            close = close or b"close" in value.lower()
     raise ProtocolFault(f"more than {MAX_HEADERS} headers")
 
 
 def _exactly(reader: object, length: int, *, to_end: bool = False) -> bytes:
+    """`length` bytes (`to_end`: whatever comes before the connection closes, at most that)."""
     if length > MAX_BODY:
         raise ProtocolFault(f"body of {length} bytes")
-    data: bytes = reader.read(length)  # type: ignore[attr-defined]
+    data: bytes = reader.read(length + 1 if to_end else length)  # type: ignore[attr-defined]
+    if to_end and len(data) > length:
+        raise ProtocolFault(f"body past {length} bytes")
     if len(data) < length and not to_end:
         raise ProtocolFault(f"body ended after {len(data)} of {length} bytes")
     return data
@@ -282,10 +304,9 @@ def _chunked(reader: object) -> bytes:
     while True:
         line = readline(MAX_LINE + 1)
         size_text = line.split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ProtocolFault(f"bad chunk size {line[:32]!r}") from None
+        if not size_text or len(size_text) > 16 or size_text.strip(HEX_DIGITS):
+            raise ProtocolFault(f"bad chunk size {line[:32]!r}")
+        size = int(size_text, 16)
         if size == 0:
             break
         total += size

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import socket
 import ssl
 import sys
@@ -410,13 +411,15 @@ class _Headers:
 
 #: http.client's limits on a header block: bytes per line, lines.
 MAX_HEADER_LINE, MAX_HEADERS = 65536, 100
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header name (RFC 9110 5.1)
 
 
 def _read_headers(rfile: Any) -> _Headers | tuple[HTTPStatus, str]:
-    """The header block up to its empty line, or why it is refused: 431 past the limits, 400
-    for a name with white space in it (RFC 9112 5.1: "Content-Length : 5" must not frame a
-    body). A line that starts with white space continues the previous header (obsolete
-    folding, as the email parser reads it); a line without a colon is dropped."""
+    """The header block up to its empty line, or why it is refused: 431 past the limits; 400
+    for a line that is no header (no colon, a name that is not an RFC 9110 token, such as
+    "Content-Length : 5", a bare CR): a request two parsers could read two ways is refused,
+    never guessed at. A line that starts with white space continues the previous header
+    (obsolete folding, replaced by a space as RFC 9112 5.2 allows)."""
     items: list[tuple[str, str]] = []
     for _ in range(MAX_HEADERS + 1):
         line = rfile.readline(MAX_HEADER_LINE + 1)
@@ -424,16 +427,17 @@ def _read_headers(rfile: Any) -> _Headers | tuple[HTTPStatus, str]:
             return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long"
         if line in (b"\r\n", b"\n", b""):
             return _Headers(items)
-        text = line.decode("iso-8859-1").rstrip("\r\n")
+        text = line.decode("iso-8859-1").removesuffix("\n").removesuffix("\r")
+        if "\r" in text:
+            return HTTPStatus.BAD_REQUEST, "Bare CR in a header line"
         if text[:1] in (" ", "\t"):
-            if items:
-                items[-1] = (items[-1][0], f"{items[-1][1]} {text.strip()}")
+            if not items:
+                return HTTPStatus.BAD_REQUEST, "Header block starts with a continuation line"
+            items[-1] = (items[-1][0], f"{items[-1][1]} {text.strip()}")
             continue
         name, colon, value = text.partition(":")
-        if not colon:
-            continue
-        if not name or name != "".join(name.split()):
-            return HTTPStatus.BAD_REQUEST, f"Bad header name {name[:64]!r}"
+        if not colon or not _TOKEN.fullmatch(name):
+            return HTTPStatus.BAD_REQUEST, f"Bad header line {text[:64]!r}"
         items.append((name, value.strip()))
     return HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers"
 

@@ -206,6 +206,9 @@ def test_a_reused_connection_that_dies_before_answering_is_retried_once_on_a_fre
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXX",
         b"HTTP/1.1 200 OK\r\n" + b"X: y\r\n" * 300 + b"\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-5\r\nabcde\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"HTTP/1.\xff 200 OK\r\nContent-Length: 0\r\n\r\n",
         b"",  # closed at once on a fresh connection
     ],
 )
@@ -263,3 +266,28 @@ def test_rest_kube_reports_a_write_to_a_server_that_is_gone_as_unreachable() -> 
     cfg.host = f"http://127.0.0.1:{port}"
     with pytest.raises(Unreachable):
         RestKube(cfg).request("POST", "/api/v1/namespaces/a/events", body={})
+
+
+def test_a_repeated_connection_header_keeps_its_close() -> None:
+    answer = b"HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok"
+    with scripted(lambda c, i, r: answer) as (port, _):
+        c = http1.Client(f"http://127.0.0.1:{port}")
+        assert c.request("POST", "/", {}, b"") == (200, b"ok")
+        assert c._idle == []
+
+
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/a HTTP/1.1\r\nX-Smuggled: 1", {}),
+        ("/a", {"Authorization": "Bearer t\r\nX-Smuggled: 1"}),
+        ("/a", {"X-Bad Name": "v"}),
+        ("/pods/caf\u00e9", {}),
+    ],
+)
+def test_a_request_that_would_carry_line_breaks_or_non_ascii_is_never_sent(
+    target: str, headers: dict[str, str]
+) -> None:
+    with scripted(lambda c, i, r: _ok()) as (port, seen), pytest.raises(http1.ProtocolFault):
+        http1.Client(f"http://127.0.0.1:{port}").request("POST", target, headers, b"")
+    assert seen == []

@@ -286,6 +286,9 @@ def test_malformed_request_gets_a_4xx_naming_the_field_and_the_server_lives_on(
         ("an HTTP version that is no number", b"GET /healthz HTTP/1.x\r\n\r\n", 400),
         ("a POST in HTTP/0.9", b"POST /filter\r\n\r\n", 400),
         ("white space before a header's colon", b"POST /filter HTTP/1.1\r\nContent-Length : 2\r\n\r\n{}", 400),
+        ("a header line without a colon", b"POST /filter HTTP/1.1\r\nnoise\r\nContent-Length: 2\r\n\r\n{}", 400),
+        ("a bare CR inside a header line", b"POST /filter HTTP/1.1\r\nX: a\rContent-Length: 2\r\n\r\n{}", 400),
+        ("a header block that starts folded", b"GET /healthz HTTP/1.1\r\n folded: x\r\n\r\n", 400),
     ],
 )
 def test_broken_framing_gets_a_4xx_and_the_connection_closes(
