@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +20,10 @@ from extender import http1
 from extender.kube import RestKube, Unreachable
 from tests import certs
 
-#: (connection number, request number on it, the request's bytes) -> bytes to send; None closes.
+#: (connection number, request number on it, the request's bytes) -> bytes to send; None closes;
+#: CLOSE_AFTER at the end of the bytes: sent, then the connection closed.
 Responder = Callable[[int, int, bytes], bytes | None]
+CLOSE_AFTER = b"\x00close"
 
 
 def _ok(body: bytes = b'{"kind":"Status","code":201}', status: str = "201 Created") -> bytes:
@@ -69,7 +72,9 @@ def scripted(respond: Responder, tls: ssl.SSLContext | None = None) -> Iterator[
                 answer = respond(number, index, request)
                 if answer is None:
                     return
-                conn.sendall(answer)
+                conn.sendall(answer.removesuffix(CLOSE_AFTER))
+                if answer.endswith(CLOSE_AFTER):
+                    return
         except (OSError, ssl.SSLError):
             return
         finally:
@@ -142,18 +147,17 @@ def test_an_interim_100_continue_is_skipped() -> None:
 
 
 def test_a_connection_the_server_closed_while_idle_is_replaced() -> None:
-    # The server answers one request per connection and closes without saying so.
-    def respond(conn: int, index: int, request: bytes) -> bytes | None:
-        return _ok(b"%d" % conn) if index == 0 else None
-
-    with scripted(respond) as (port, _):
+    # The server answers one request per connection and closes it after, without saying so.
+    with scripted(lambda conn, i, r: _ok(b"%d" % conn) + CLOSE_AFTER) as (port, seen):
         c = http1.Client(f"http://127.0.0.1:{port}")
         assert c.request("POST", "/", {}, b"") == (201, b"0")
-        deadline = 50
-        while deadline and c._idle and c._idle[0].idle_and_open():  # the close reaches us
+        kept = c._idle[0]
+        deadline = time.monotonic() + 10
+        while kept.idle_and_open() and time.monotonic() < deadline:  # until the close reaches us
             threading.Event().wait(0.02)
-            deadline -= 1
+        assert not kept.idle_and_open()  # seen closed while idle: never written to
         assert c.request("POST", "/", {}, b"") == (201, b"1")
+    assert len(seen) == 2
 
 
 def test_the_retry_after_a_dead_connection_never_takes_another_kept_one() -> None:
