@@ -50,6 +50,7 @@ from extender.gangs.sources import (
     WORKLOAD,
     GangObjects,
     definition_spec,
+    same_definition,
 )
 from extender.kube import ApiError, Kube
 from extender.leader import LeaderOptions, Leadership
@@ -433,9 +434,13 @@ class Extender:
         self.notifier.report(ref, "InvalidNode", f"node {name} skipped by Phalanx: {problem}")
 
     def _definition_event(self, kind: tuple[str, str], event: str, obj: dict[str, Any]) -> None:
-        self.gang_objects.event(kind, event, obj)
         meta = obj.get("metadata") or {}
-        self.gangs.definition_changed(meta.get("namespace", ""), meta.get("name", ""))
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        before = self.gang_objects.get(kind, namespace, name) if event == "MODIFIED" else None
+        self.gang_objects.event(kind, event, obj)
+        if before is not None and same_definition(kind, before, obj):
+            return  # only its status changed (Phalanx's own WaitingForQuorum writes among them)
+        self.gangs.definition_changed(namespace, name)
         if event == "ADDED":
             self._seen(kind, obj)
 

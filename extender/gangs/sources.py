@@ -295,7 +295,6 @@ def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:
     gang = (spec.get("schedulingPolicy") or {}).get("gang")
     topology = ((spec.get("schedulingConstraints") or {}).get("topology") or [{}])[0].get("key", "")
     min_count = int((gang or {}).get("minCount") or 1)  # mutable in v1beta1: read on every change
-    conditions = (obj.get("status") or {}).get("conditions") or []
     return Resolution(
         key,
         GangSpec(
@@ -310,12 +309,31 @@ def _native(objects: GangObjects, namespace: str, name: str) -> Resolution:
             priority=int(spec.get("priority") or 0),
             enabled=gang is not None,
             disrupt_together="all" in (spec.get("disruptionMode") or {}),
-            initially_scheduled=any(
-                isinstance(c, dict) and c.get("type") == INITIALLY_SCHEDULED and c.get("status") == "True"
-                for c in conditions
-            ),
+            initially_scheduled=_initially_scheduled(obj),
         ),
     )
+
+
+def _initially_scheduled(obj: JSON) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(
+        isinstance(c, dict) and c.get("type") == INITIALLY_SCHEDULED and c.get("status") == "True" for c in conditions
+    )
+
+
+def same_definition(kind: tuple[str, str], before: JSON, after: JSON) -> bool:
+    """Whether a definition's change leaves everything a gang is read from as it was: only its
+    status (of which a scheduling.k8s.io PodGroup's `PodGroupInitiallyScheduled` is read),
+    resourceVersion or managedFields moved. Such an event need wake no member: each of
+    Phalanx's own status writes on a Workload waiting for quorum woke every member created so
+    far (for a 512-pod gang, thousands of writes while its pods were still being created)."""
+    if any(before.get(k) != after.get(k) for k in before.keys() | after.keys() if k not in ("metadata", "status")):
+        return False
+    if kind == NATIVE_POD_GROUP and _initially_scheduled(before) != _initially_scheduled(after):
+        return False
+    old, new = before.get("metadata") or {}, after.get("metadata") or {}
+    volatile = ("resourceVersion", "managedFields")
+    return all(old.get(k) == new.get(k) for k in old.keys() | new.keys() if k not in volatile)
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,6 +117,46 @@ def test_requests_share_one_kept_alive_connection_and_bodies_arrive_whole() -> N
     assert b"\r\nContent-Length: 7\r\n" in seen[0]
 
 
+def test_a_burst_waits_for_the_connections_there_are_instead_of_opening_more() -> None:
+    """32 requests at once on a client of 4 connections: at most 4 exist, all kept and reused
+    (a gang's 512 Bindings when its gate opens, without 448 TLS handshakes)."""
+    connections: set[int] = set()
+    busy = [0, 0]  # requests being answered now, the most at once
+    lock = threading.Lock()
+
+    def respond(conn: int, index: int, request: bytes) -> bytes:
+        with lock:
+            connections.add(conn)
+            busy[0] += 1
+            busy[1] = max(busy)
+        time.sleep(0.02)
+        with lock:
+            busy[0] -= 1
+        return _ok()
+
+    with scripted(respond) as (port, seen):
+        c = http1.Client(f"http://127.0.0.1:{port}", maxsize=4)
+        threads = [threading.Thread(target=c.request, args=("POST", f"/p/{i}", {}, b"{}")) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert len(seen) == 32
+    assert len(connections) <= 4 and busy[1] <= 4
+    assert len(c._idle) == len(connections)  # every one kept for the next burst
+
+
+def test_a_request_that_finds_no_connection_free_in_time_fails_as_an_os_error() -> None:
+    with scripted(lambda conn, index, request: _ok()) as (port, seen):
+        c = http1.Client(f"http://127.0.0.1:{port}", maxsize=1, read_timeout_s=0.3)
+        assert c._slots.acquire(timeout=1)  # the one connection busy (another request's)
+        with pytest.raises(OSError, match=r"no connection to 127\.0\.0\.1:\d+ free"):
+            c.request("POST", "/next", {}, b"{}")
+        c._slots.release()
+        assert c.request("POST", "/next", {}, b"{}")[0] == 201
+    assert len(seen) == 1
+
+
 def test_a_base_url_with_a_path_prefixes_every_request() -> None:
     # kube-apiserver behind a proxy's per-cluster path, as urllib3 requests it (host + path).
     with scripted(lambda c, i, r: _ok(b"")) as (port, seen):

@@ -185,3 +185,47 @@ def test_conditions_keep_their_transition_time_until_their_status_changes() -> N
     assert second["Scheduled"]["lastTransitionTime"] != "2020-01-01T00:00:00Z"  # changed: now
     assert second["Unschedulable"]["lastTransitionTime"] == "2020-01-01T00:00:00Z"  # False before and after
     assert [c[1] for c in kube.calls if c[1].endswith("/events")] == ["/api/v1/namespaces/default/events"]
+
+
+def test_only_a_definition_change_a_gang_reads_wakes_its_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Phalanx writes a Workload's status at every quorum step; before, each write's event woke
+    every member created so far (thousands of writes for a 512-pod gang still being created)."""
+    from extender.app import Extender, Options
+    from extender.gangs.sources import WORKLOAD
+
+    kube = FakeKube()
+    ext = Extender(kube, Options(port=0))
+    woken: list[tuple[str, str]] = []
+    monkeypatch.setattr(ext.gangs, "definition_changed", lambda ns, name: woken.append((ns, name)))
+    try:
+        first = {**WORKLOAD_OBJ, "metadata": {**WORKLOAD_OBJ["metadata"], "resourceVersion": "1"}}
+        ext._definition_event(WORKLOAD, "ADDED", first)
+        assert woken == [("default", "w")]
+        status_only = {
+            **WORKLOAD_OBJ,
+            "metadata": {**WORKLOAD_OBJ["metadata"], "resourceVersion": "2", "managedFields": [{"manager": "phalanx"}]},
+            "status": {"phase": "Pending", "pendingReason": "waiting for gang quorum 3/4"},
+        }
+        ext._definition_event(WORKLOAD, "MODIFIED", status_only)
+        assert woken == [("default", "w")]
+        spec = {**status_only, "spec": {**WORKLOAD_OBJ["spec"], "timeoutSeconds": 30}}
+        ext._definition_event(WORKLOAD, "MODIFIED", spec)
+        labelled = {**spec, "metadata": {**spec["metadata"], "labels": {"team": "a"}}}
+        ext._definition_event(WORKLOAD, "MODIFIED", labelled)
+        assert woken == [("default", "w")] * 3
+    finally:
+        ext.server.server_close()
+
+
+def test_a_native_pod_group_wakes_on_the_condition_it_reads() -> None:
+    from extender.gangs.sources import NATIVE_POD_GROUP, WORKLOAD, same_definition
+
+    def group(*conditions: tuple[str, str]) -> dict[str, object]:
+        listed = [{"type": t, "status": s} for t, s in conditions]
+        return {"metadata": {"name": "pg", "namespace": "default"}, "spec": {}, "status": {"conditions": listed}}
+
+    scheduled = group(("PodGroupInitiallyScheduled", "True"))
+    assert not same_definition(NATIVE_POD_GROUP, group(), scheduled)
+    assert same_definition(NATIVE_POD_GROUP, scheduled, group(("PodGroupInitiallyScheduled", "True"), ("Other", "x")))
+    assert same_definition(WORKLOAD, group(), scheduled)  # a Workload's status is read by nothing
+    assert not same_definition(WORKLOAD, group(), {**group(), "metadata": {"name": "pg"}})  # namespace gone
