@@ -42,7 +42,9 @@ class QueueStatusWriter:
 
     def statuses(self) -> dict[str, dict[str, Any]]:
         """The status of every queue that has a Queue object, as it would be written."""
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
+        if not self.book.active:
+            return out  # no Queue object: no status to write, and no views to derive (every pod)
         for view in self.book.views():
             if not self.book.has_object(view.name):
                 continue

@@ -1110,6 +1110,12 @@ class GangManager:
             for hold in self.holds.expire():
                 log.info("starvation hold ended", gang=hold.gang, nodes=len(hold.nodes))
             starving = self._starving()
+            unplanned = any(st.phase is GangPhase.PENDING and st.spec is not None for st in self.gangs.values())
+        if unplanned:
+            # A gang waits (for quorum, most often): bring the solver's view of the nodes up to
+            # date now, so its plan rebuilds only the nodes that change from here on, not all
+            # of them (150 ms at 5,000 nodes on the first plan after a start).
+            self.cache.snapshot()
         if scan:
             retry = self._unasked()  # reads every gang's members: not under `lock`
         if retry is not None:

@@ -292,6 +292,17 @@ def test_no_member_is_placed_before_quorum_then_all_are_planned_at_once() -> Non
     assert rec.nominated == {m.name: planned[m.uid] for m in [first, *rest]}
 
 
+def test_the_sweep_brings_the_solver_view_up_to_date_while_a_gang_waits_for_quorum() -> None:
+    """The plan at quorum then rebuilds only the nodes that changed since, not every node."""
+    mgr, cache, _ = manager_with(8, workload("job", 3))
+    mgr.sweep()
+    assert cache._snapshot is None  # no gang: nothing to prepare
+    first = add(cache, member("p0", "job"))[0]
+    assert mgr.filter(first, [f"n{i}" for i in range(8)]) is not None  # waiting for quorum
+    mgr.sweep()
+    assert cache._snapshot is not None and cache._snapshot[0] == cache.generation
+
+
 def test_filter_answers_from_the_plan_without_solving_again() -> None:
     mgr, cache, _ = manager_with(8, workload("job", 2))
     members = add(cache, member("p0", "job"), member("p1", "job"))

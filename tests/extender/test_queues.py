@@ -170,3 +170,24 @@ def test_a_gang_over_its_queue_limit_waits_with_the_message_and_plans_once_usage
     cache.pod_event("DELETED", running)
     answer = mgr.filter(members[0], names)
     assert answer is not None and len(answer.passed) == 1
+
+
+def test_without_a_queue_object_the_status_writer_derives_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no Queue object every pod change marks the whole book dirty: a status round that
+    derived the views anyway re-read every pod each few seconds for nothing to write."""
+    from extender.queue_status import QueueStatusWriter
+    from tests.extender.fakes import FakeKube
+
+    book, cache = book_with(2)
+    cache.pod_event("ADDED", pod("a", node_name="n0", gpus=1))
+    kube = FakeKube()
+    writer = QueueStatusWriter(kube, book, leading=lambda: True, counts=lambda q: (0, 0))
+
+    def derived() -> list[Any]:
+        raise AssertionError("views derived with no Queue object")
+
+    monkeypatch.setattr(book, "views", derived)
+    assert writer.write_once() == 0 and not kube.calls
+    monkeypatch.undo()
+    book.replace_queues([queue("q")])
+    assert writer.write_once() == 1 and [c[1] for c in kube.calls] == ["/apis/phalanx.io/v1alpha1/queues/q/status"]
