@@ -180,7 +180,18 @@ class Cache:
             return
         old = self._pods.get(meta.get("uid", ""))
         if old is not None and _same_placement(old, obj):
-            return  # status chatter (conditions, IPs): nothing the solver sees changed
+            # Status chatter (conditions, IPs, a nomination): nothing the solver sees changed.
+            # The version and nomination are kept current all the same, so a verb's pod at this
+            # very version is the cache's reading, not parsed again (a gang member's filter
+            # after its nomination).
+            version = meta.get("resourceVersion")
+            nominated = (obj.get("status") or {}).get("nominatedNodeName") or ""
+            moved = version != old.resource_version or nominated != old.nominated
+            if moved and isinstance(version, str) and isinstance(nominated, str):
+                with self._lock:
+                    if self._pods.get(old.uid) is old:
+                        self._pods[old.uid] = replace(old, resource_version=version, nominated=nominated)
+            return
         info = pod_info(obj)  # parsed outside the lock
         with self._lock:
             self._set_pod(info)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from solver import mig
 from solver.mig import MigSlot
@@ -135,9 +136,16 @@ class Facts:
 
     def devices(self) -> Iterator[tuple[NodeName, GpuDevice, DeviceUse]]:
         """Every device the plan uses, with its use, in node then index order."""
+        return iter(self._devices)
+
+    @cached_property
+    def _devices(self) -> list[tuple[NodeName, GpuDevice, DeviceUse]]:
+        """Sorted and looked up once: a dozen checks walk them (a 512-node gang: 4,096 devices)."""
+        out = []
         for (name, index), use in sorted(self.device_use.items()):
             dev = next(d for d in self.nodes[name].gpus if d.index == index)
-            yield name, dev, use
+            out.append((name, dev, use))
+        return out
 
     def domain(self, level: str, node: Node) -> tuple[str, ...]:
         """The node's domain at `level`; the host itself for a level not in the paths."""

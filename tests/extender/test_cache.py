@@ -143,3 +143,24 @@ def test_deleting_a_reserved_pod_frees_its_node_at_once() -> None:
     assert cache.node_model("n0").idle_gpus == 0  # type: ignore[union-attr]
     cache.pod_event("DELETED", pod("p", gpus=1))
     assert cache.node_model("n0").idle_gpus == 1  # type: ignore[union-attr]
+
+
+def test_a_status_only_change_moves_the_version_and_nomination_without_a_change_event() -> None:
+    """The verbs answer a pod at the cache's version from the cache (no parse): a nomination
+    (a gang member's, before each of its filters) must not leave that version behind."""
+    cache = cache_with(node("n1"))
+    seen: list[object] = []
+    cache.on_pod_change(lambda old, new: seen.append(new))
+    p = pod("a", uid="u-a", gpus=1)
+    p["metadata"]["resourceVersion"] = "10"
+    cache.pod_event("ADDED", p)
+    before, generation = cache.pod("u-a"), cache.generation
+    nominated = json.loads(json.dumps(p))
+    nominated["metadata"]["resourceVersion"] = "11"
+    nominated["status"]["nominatedNodeName"] = "n1"
+    cache.pod_event("MODIFIED", nominated)
+    after = cache.pod("u-a")
+    assert after is not None and before is not None
+    assert (after.resource_version, after.nominated) == ("11", "n1")
+    assert after.requests == before.requests and after.demand == before.demand
+    assert len(seen) == 1 and cache.generation == generation  # no change for the solver
