@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from extender.config import GpuConfig
-from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info
+from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info, spec_hash
 from extender.pools import Hardware, Pool
 from solver import (
     FULL_SHARE,
@@ -179,19 +179,26 @@ class Cache:
                 self._drop_pod(meta.get("uid", ""))
             return
         old = self._pods.get(meta.get("uid", ""))
-        if old is not None and _same_placement(old, obj):
-            # Status chatter (conditions, IPs, a nomination): nothing the solver sees changed.
-            # The version and nomination are kept current all the same, so a verb's pod at this
-            # very version is the cache's reading, not parsed again (a gang member's filter
-            # after its nomination).
-            version = meta.get("resourceVersion")
-            nominated = (obj.get("status") or {}).get("nominatedNodeName") or ""
-            moved = version != old.resource_version or nominated != old.nominated
-            if moved and isinstance(version, str) and isinstance(nominated, str):
-                with self._lock:
-                    if self._pods.get(old.uid) is old:
-                        self._pods[old.uid] = replace(old, resource_version=version, nominated=nominated)
-            return
+        if old is not None and _same_but_status(old, obj):
+            # Only the status moved (conditions, IPs, a nomination, the phase): the rest of the
+            # cache's reading stands, and a verb's pod at this very version is the cache's
+            # reading, not parsed again (a gang member's filter after its nomination).
+            status = obj.get("status") or {}
+            version, phase = meta.get("resourceVersion"), status.get("phase", "Pending")
+            nominated = status.get("nominatedNodeName") or ""
+            if isinstance(version, str) and isinstance(phase, str) and isinstance(nominated, str):
+                if phase != old.phase:  # a change the solver sees (a finished pod frees its node)
+                    with self._lock:
+                        if self._pods.get(old.uid) is old:
+                            self._set_pod(replace(old, phase=phase, resource_version=version, nominated=nominated))
+                            return
+                elif version == old.resource_version and nominated == old.nominated:
+                    return
+                else:
+                    with self._lock:
+                        if self._pods.get(old.uid) is old:
+                            self._pods[old.uid] = replace(old, resource_version=version, nominated=nominated)
+                            return
         info = pod_info(obj)  # parsed outside the lock
         with self._lock:
             self._set_pod(info)
@@ -592,13 +599,15 @@ class Cache:
         return pod.devices if pod is not None else None
 
 
-def _same_placement(old: PodInfo, obj: JSON) -> bool:
-    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+def _same_but_status(old: PodInfo, obj: JSON) -> bool:
+    """Whether the object differs from the cache's reading in its status at most."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     return (
         old.node == (spec.get("nodeName") or "")
-        and old.phase == status.get("phase", "Pending")
         and old.annotations == (meta.get("annotations") or {})
         and old.labels == (meta.get("labels") or {})
+        and old.spec_hash != 0
+        and old.spec_hash == spec_hash(obj.get("spec"))
     )
 
 

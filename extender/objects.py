@@ -97,6 +97,7 @@ class PodInfo:
     # skips status chatter, so only a pod read at its own resourceVersion carries it exactly)
     nominated: str = field(default="", compare=False)
     resource_version: str = field(default="", compare=False)  # as the object was read
+    spec_hash: int = field(default=0, compare=False)  # of spec as read (`spec_hash`); 0: unknown
     obj: JSON = field(default_factory=dict, compare=False, repr=False)  # as listed (Resource Interface keys)
 
     @property
@@ -290,7 +291,18 @@ def pod_info(obj: JSON) -> PodInfo:
         priority=_priority(spec.get("priority")),
         prefers=scored_preferences(spec),
         obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
+        spec_hash=spec_hash(spec),
     )
+
+
+def spec_hash(spec: Any) -> int:
+    """A hash of a pod's spec as serialised (0 when it cannot be): the cache reads a pod
+    again whenever its spec changed, even with nothing else changed (an in-place resize, a
+    gated pod's nodeSelector set by a queueing controller)."""
+    try:
+        return hash(orjson.dumps(spec)) or 1
+    except (TypeError, orjson.JSONEncodeError):
+        return 0
 
 
 def _record(text: Any, gpu: GpuDemand, bound: bool) -> tuple[tuple[DeviceAssignment, ...] | None, str]:

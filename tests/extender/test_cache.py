@@ -164,3 +164,47 @@ def test_a_status_only_change_moves_the_version_and_nomination_without_a_change_
     assert (after.resource_version, after.nominated) == ("11", "n1")
     assert after.requests == before.requests and after.demand == before.demand
     assert len(seen) == 1 and cache.generation == generation  # no change for the solver
+
+
+def test_a_spec_change_alone_is_read_again() -> None:
+    """A resize or a gated pod's nodeSelector changes only the spec: the cache must not keep
+    the old reading (and must not answer a verb at the new version with it)."""
+    cache = cache_with(node("n1"))
+    p = pod("a", uid="u-a", gpus=1)
+    p["metadata"]["resourceVersion"] = "10"
+    cache.pod_event("ADDED", p)
+    selected = json.loads(json.dumps(p))
+    selected["metadata"]["resourceVersion"] = "11"
+    selected["spec"]["nodeSelector"] = {"pool": "a"}
+    cache.pod_event("MODIFIED", selected)
+    after = cache.pod("u-a")
+    assert after is not None and after.resource_version == "11" and '"pool"' in after.placement
+
+
+def test_a_phase_change_alone_is_a_change_without_a_parse(monkeypatch: object) -> None:
+    import extender.cache as cache_module
+
+    cache = cache_with(node("n1"))
+    p = pod("a", uid="u-a", gpus=1, node_name="n1")
+    p["metadata"]["resourceVersion"] = "10"
+    cache.pod_event("ADDED", p)
+    seen: list[object] = []
+    cache.on_pod_change(lambda old, new: seen.append(new))
+    before = cache.pod("u-a")
+    assert cache.node_model("n1").idle_gpus == 7  # type: ignore[union-attr]
+    parsed: list[object] = []
+    original = cache_module.pod_info
+    cache_module.pod_info = lambda obj: parsed.append(obj) or original(obj)  # type: ignore[assignment,func-returns-value]
+    try:
+        done = json.loads(json.dumps(p))
+        done["metadata"]["resourceVersion"] = "12"
+        done["status"]["phase"] = "Succeeded"
+        cache.pod_event("MODIFIED", done)
+    finally:
+        cache_module.pod_info = original  # type: ignore[assignment]
+    after = cache.pod("u-a")
+    assert after is not None and before is not None and not parsed
+    assert (after.phase, after.resource_version, after.active) == ("Succeeded", "12", False)
+    assert after.requests == before.requests and after.devices == before.devices
+    assert len(seen) == 1  # the solver sees it: the pod's devices are free again
+    assert cache.node_model("n1").idle_gpus == 8  # type: ignore[union-attr]
