@@ -190,7 +190,8 @@ class Cache:
                 if phase != old.phase:  # a change the solver sees (a finished pod frees its node)
                     with self._lock:
                         if self._pods.get(old.uid) is old:
-                            self._set_pod(replace(old, phase=phase, resource_version=version, nominated=nominated))
+                            new = replace(old, phase=phase, resource_version=version, nominated=nominated)
+                            self._set_pod(replace(new, obj=obj) if old.obj else new)  # RI keys read it
                             return
                 elif version == old.resource_version and nominated == old.nominated:
                     return

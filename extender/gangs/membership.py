@@ -95,7 +95,11 @@ class Membership:
                     if self._unkeyed.get(uid) is not pod:
                         continue  # changed again: the newer entry is keyed next time
                     del self._unkeyed[uid]
-                    self._index(uid, keys[uid] if self.cache.pod(uid) is pod else "")
+                    # The cache may hold a newer reading of an unchanged pod (a status-only
+                    # change keeps the reading, at a new version, with no change event): equal
+                    # readings key alike.
+                    current = self.cache.pod(uid)
+                    self._index(uid, keys[uid] if current is pod or current == pod else "")
 
     def key(self, pod: PodInfo) -> str:
         """The pod's gang key from its own fields ("" for a pod of no gang)."""

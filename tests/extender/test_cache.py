@@ -208,3 +208,30 @@ def test_a_phase_change_alone_is_a_change_without_a_parse(monkeypatch: object) -
     assert after.requests == before.requests and after.devices == before.devices
     assert len(seen) == 1  # the solver sees it: the pod's devices are free again
     assert cache.node_model("n1").idle_gpus == 8  # type: ignore[union-attr]
+
+
+def test_a_status_only_change_before_an_owned_pod_is_keyed_keeps_it_a_member() -> None:
+    """An owned pod waits for its Resource Interface key (jq, outside the locks); a status
+    change meanwhile gives the cache a new reading of the same pod, which must still count."""
+    from extender.gangs.membership import Membership
+
+    class KeysAll:
+        on_rekey = None
+
+        def may_key(self, pod: object) -> bool:
+            return True
+
+        def key(self, pod: object) -> str:
+            return "ri:default/job/0"
+
+    cache = cache_with(node("n1"))
+    members = Membership(cache, KeysAll())  # type: ignore[arg-type]
+    p = pod("a", uid="u-a", gpus=1)
+    p["metadata"]["resourceVersion"] = "10"
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u-j"}]
+    cache.pod_event("ADDED", p)
+    nominated = json.loads(json.dumps(p))
+    nominated["metadata"]["resourceVersion"] = "11"
+    nominated["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+    cache.pod_event("MODIFIED", nominated)
+    assert [m.uid for m in members.member_pods("ri:default/job/0")] == ["u-a"]
