@@ -179,30 +179,33 @@ class Cache:
                 self._drop_pod(meta.get("uid", ""))
             return
         old = self._pods.get(meta.get("uid", ""))
-        if old is not None and _same_but_status(old, obj):
-            # Only the status moved (conditions, IPs, a nomination, the phase): the rest of the
-            # cache's reading stands, and a verb's pod at this very version is the cache's
-            # reading, not parsed again (a gang member's filter after its nomination).
-            status = obj.get("status") or {}
-            version, phase = meta.get("resourceVersion"), status.get("phase", "Pending")
-            nominated = status.get("nominatedNodeName") or ""
-            if isinstance(version, str) and isinstance(phase, str) and isinstance(nominated, str):
-                if phase != old.phase:  # a change the solver sees (a finished pod frees its node)
-                    with self._lock:
-                        if self._pods.get(old.uid) is old:
-                            new = replace(old, phase=phase, resource_version=version, nominated=nominated)
-                            self._set_pod(replace(new, obj=obj) if old.obj else new)  # RI keys read it
-                            return
-                elif version == old.resource_version and nominated == old.nominated:
-                    return
-                else:
-                    with self._lock:
-                        if self._pods.get(old.uid) is old:
-                            self._pods[old.uid] = replace(old, resource_version=version, nominated=nominated)
-                            return
+        if old is not None and _same_but_status(old, obj) and self._apply_status(old, obj):
+            return
         info = pod_info(obj)  # parsed outside the lock
         with self._lock:
             self._set_pod(info)
+
+    def _apply_status(self, old: PodInfo, obj: JSON) -> bool:
+        """A change of the pod's status only (conditions, IPs, a nomination, the phase): the rest
+        of the cache's reading stands, kept at the new version, so a verb's pod at this very
+        version is the cache's reading, not parsed again (a gang member's filter after its
+        nomination). False when the pod must be parsed instead."""
+        status = obj.get("status") or {}
+        version, phase = (obj.get("metadata") or {}).get("resourceVersion"), status.get("phase", "Pending")
+        nominated = status.get("nominatedNodeName") or ""
+        if not (isinstance(version, str) and isinstance(phase, str) and isinstance(nominated, str)):
+            return False
+        if (version, phase, nominated) == (old.resource_version, old.phase, old.nominated):
+            return True
+        new = replace(old, phase=phase, resource_version=version, nominated=nominated)
+        with self._lock:
+            if self._pods.get(old.uid) is not old:
+                return False  # changed meanwhile: read it whole
+            if phase == old.phase:
+                self._pods[old.uid] = new  # nothing the solver or a listener reads moved
+            else:  # a finished pod frees its node; Resource Interface keys may read the status
+                self._set_pod(replace(new, obj=obj) if old.obj else new)
+        return True
 
     def _set_raw_node(self, obj: JSON) -> None:
         try:
