@@ -30,11 +30,15 @@ so a limited baseline would measure the limiter.
 
 Where each pod's time goes, per round: kube-scheduler's own metrics (scraped from its
 /metrics before it restarts: scheduling attempt, algorithm, and framework extension points,
-mean ms per scheduled pod; in Phalanx rounds the algorithm's time beyond the framework's
-filter and score is the extender calls as kube-scheduler sees them), the extender's time per
-verb split into read, decode, work, encode and write (server: first byte to reply sent), and
-the CPU seconds the extender and kube-scheduler spend per pod (this is a 2-core machine: when
-their sum nears 2 x the pod interval, the processes wait for each other's CPU).
+each histogram's sum over the pods scheduled, so a point that runs for some pods only counts
+at its share; in Phalanx rounds the algorithm's time beyond the framework's is the extender
+calls as kube-scheduler sees them, split into the time in the extender's server, first byte
+to reply sent, summed over filter and prioritize per pod, and the rest: kube-scheduler's
+encoding, the transfer, and the wait for the extender's thread to run), the extender's time per
+verb split into read, decode, work, encode and write, the connections the extender accepted
+per pod (kube-scheduler keeps 2 idle per extender: a bind beyond them in flight opens one),
+and the CPU seconds the extender and kube-scheduler spend per pod (this is a 2-core machine:
+when their sum nears 2 x the pod interval, the processes wait for each other's CPU).
 
 Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms, nodes (with
 ratio_5000 too at 5,000 nodes), rss_mib, ready_s, and extender/kube-scheduler CPU ms per pod.
@@ -170,8 +174,11 @@ ALGORITHM_POINTS = ("PreFilter", "Filter", "PostFilter", "PreScore", "Score")  #
 
 
 def scheduler_means(cluster: LocalCluster, profile: str) -> dict[str, float]:
-    """Mean ms per observation of kube-scheduler's cycle histograms for `profile` (scheduled
-    pods only), scraped from its /metrics (open on loopback, deploy/local/components.py)."""
+    """Ms per scheduled pod in each of kube-scheduler's cycle histograms for `profile`
+    (scheduled pods only), scraped from its /metrics (open on loopback,
+    deploy/local/components.py): a histogram's sum over the pods scheduled, so an extension
+    point that runs for some pods only (Score, when filter leaves one node) counts at its
+    share, and the points add up to the algorithm's time."""
     port = next(c.port for c in cluster.status().components if c.name == "kube-scheduler")
     insecure = ssl.create_default_context()
     insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
@@ -195,7 +202,8 @@ def scheduler_means(cluster: LocalCluster, profile: str) -> dict[str, float]:
                 acc[0] += sample.value
             elif sample.name.endswith("_count"):
                 acc[1] += sample.value
-    return {k: 1000 * total / count for k, (total, count) in sums.items() if count}
+    pods = sums.get("scheduling_algorithm", [0.0, 0.0])[1]
+    return {k: 1000 * total / pods for k, (total, _) in sums.items() if pods}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -219,6 +227,15 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def extender_connections(ext_url: str) -> float:
+    """Connections the extender has accepted so far (its /metrics)."""
+    with urllib.request.urlopen(f"{ext_url}/metrics", timeout=10) as r:
+        for family in text_string_to_metric_families(r.read().decode()):
+            if family.name == "phalanx_extender_connections":
+                return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return 0.0
+
+
 def one_round(
     cluster: LocalCluster,
     kube: RestKube,
@@ -236,6 +253,7 @@ def one_round(
     watch.start()
     if mode == "phalanx":
         http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
+    connections = extender_connections(ext_url)
     ext_cpu = cpu_seconds(ext_pid)
     started = time.monotonic()
     cluster.restart_scheduler(
@@ -262,6 +280,7 @@ def one_round(
         result["scheduler_ms"] = {}
     if mode == "phalanx":
         result["latency"] = http_json("GET", f"{ext_url}/api/v1/stats", kube)["latency"]
+        result["connections_per_pod"] = (extender_connections(ext_url) - connections) / max(1, bound)
     delete_pods(kube, scheduler)
     return result
 
@@ -276,10 +295,16 @@ def breakdown(r: dict[str, Any]) -> str:
     if r["mode"] == "phalanx" and "scheduling_algorithm" in ms:
         calls = ms["scheduling_algorithm"] - inside
         latency = r.get("latency") or {}
-        served = sum(latency.get(f"{v}.server", {}).get("mean_ms", 0.0) for v in ("filter", "prioritize"))
+        pods = max(1, r["bound"])
+        served = sum(
+            latency.get(f"{v}.server", {}).get("mean_ms", 0.0) * latency.get(f"{v}.server", {}).get("count", 0) / pods
+            for v in ("filter", "prioritize")
+        )
         parts.append(f"extender calls (algorithm - framework) {calls:.2f}")
-        parts.append(f"of which in the extender's server {served:.2f} (filter + prioritize, mean)")
+        parts.append(f"of which in the extender's server {served:.2f} (filter + prioritize)")
         parts.append(f"outside it (client, transfer, kube-scheduler's encoding) {calls - served:.2f}")
+    if "connections_per_pod" in r:
+        parts.append(f"extender connections opened per pod {r['connections_per_pod']:.2f}")
     cpu = r["cpu_ms_per_pod"]
     parts.append(f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender {cpu['extender']:.2f}")
     return f"round {r['mode']:8} mean ms per pod: " + ", ".join(parts)

@@ -83,6 +83,12 @@ class Metrics:
             ["source"],
             registry=self.registry,
         )
+        self.connections = Counter(
+            "phalanx_extender_connections_total",
+            "Client connections the extender's HTTP server accepted. kube-scheduler keeps 2 idle "
+            "connections to an extender (Go's default): each bind beyond them in flight opens a new one.",
+            registry=self.registry,
+        )
         # The process's own: CPU, memory, open files, GC (what the default registry carries).
         ProcessCollector(registry=self.registry)
         GCCollector(registry=self.registry)

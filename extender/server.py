@@ -261,6 +261,7 @@ class Server(ThreadingHTTPServer):
                 request.send(_BUSY)
             self.shutdown_request(request)
             return
+        self.metrics.connections.inc()
         try:
             super().process_request(request, client_address)
         except BaseException:

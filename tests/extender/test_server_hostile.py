@@ -513,3 +513,25 @@ def test_header_names_are_read_without_regard_to_case_and_answers_keep_the_conne
             assert status.startswith(b"HTTP/1.1 400 "), status  # {} has no Pod: a verb's own refusal
             assert b"Pod" in body and "connection" not in headers and headers["date"].endswith("GMT")
     assert healthy(server)
+
+
+def test_accepted_connections_are_counted_once_each_whatever_they_carry(server: Server) -> None:
+    """`phalanx_extender_connections_total` counts connections, not requests: kube-scheduler's
+    new connection per bind in flight beyond its two idle ones shows there (kwok_throughput
+    reports it per pod)."""
+
+    def accepted() -> float:
+        return server.metrics.registry.get_sample_value("phalanx_extender_connections_total") or 0.0
+
+    before = accepted()
+    with socket.create_connection(server.server_address[:2], timeout=10) as s:
+        reader = s.makefile("rb")
+        for _ in range(3):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reader.readline().startswith(b"HTTP/1.1 200 ")
+            while reader.readline() != b"\r\n":
+                pass
+            assert reader.read(2) == b"ok"
+    assert accepted() == before + 1
+    assert status_of(raw(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")) == 200
+    assert accepted() == before + 2
