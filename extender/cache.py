@@ -243,7 +243,8 @@ class Cache:
                 self._uncount(pod.uid, assumed.node)
             elif pod.devices is None:
                 self._pods[pod.uid] = pod = replace(pod, devices=assumed.devices)
-        self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
+        if not _counts_alike(old, assumed, pod) or pod.uid not in self._on_node.get(pod.node, ()):
+            self._place(pod.uid, old.node if old else "", pod.node if pod.active else "")
         self._counted(pod.uid)
         for listener in self._listeners:
             listener(old, pod)
@@ -601,6 +602,19 @@ class Cache:
             return assumed.devices
         pod = self._pods.get(uid)
         return pod.devices if pod is not None else None
+
+
+def _counts_alike(old: PodInfo | None, assumed: Assumed | None, new: PodInfo) -> bool:
+    """Whether `new` counts on its node exactly as the cache counted the pod before (`old`,
+    with its assumption when one was just confirmed): the same node, still active, the same
+    requests and the same devices. Then the node's model is unchanged and its version stays: a
+    bind's confirmation by the watch and a pod's Pending -> Running are the common changes,
+    and each used to rebuild the node and re-measure it for every pod shape (a verb's work per
+    scheduled pod, done twice more for nothing)."""
+    if old is None or not new.node or not (old.active and new.active) or old.requests != new.requests:
+        return False
+    before = (assumed.node, assumed.devices) if assumed is not None else (old.node, old.devices)
+    return before[0] == new.node and before[1] is not None and before[1] == new.devices
 
 
 def _same_but_status(old: PodInfo, obj: JSON) -> bool:

@@ -80,6 +80,35 @@ def test_assumed_pod_counts_until_forgotten_and_is_kept_when_the_watch_confirms(
     assert model is not None and [d.is_idle for d in model.gpus] == [False, True]
 
 
+def test_a_confirmed_bind_and_its_start_leave_the_node_model_as_it_was() -> None:
+    """What a pod counts on its node does not move when the watch confirms its bind (with the
+    devices the bind assumed) or the pod starts running: the node keeps its model and version,
+    with nothing for the shape memos to measure again. Devices other than the assumed ones,
+    or the pod's end, do move it."""
+    cache = cache_with(node("n0", gpus=2))
+    cache.pod_event("ADDED", pod("p", gpus=1))
+    devices = (DeviceAssignment(1, 1000, 81920),)
+    cache.assume("uid-p", "n0", devices)
+    assumed = cache.node_model("n0")
+    start = cache.changes_since(0, 0)
+    annotations = {DEVICES_ANNOTATION: encode_devices(devices)}
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", annotations=annotations))
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", annotations=annotations, phase="Running"))
+    assert cache.assumed("uid-p") is None and cache.pod("uid-p").phase == "Running"  # type: ignore[union-attr]
+    assert cache.node_model("n0") is assumed
+    assert cache.changes_since(start.epoch, start.cursor).nodes == []
+    cache.pod_event("MODIFIED", pod("p", gpus=1, node_name="n0", annotations=annotations, phase="Succeeded"))
+    assert cache.node_model("n0").idle_gpus == 2  # type: ignore[union-attr]
+
+    cache.pod_event("ADDED", pod("q", gpus=1))
+    cache.assume("uid-q", "n0", (DeviceAssignment(0, 1000, 81920),))
+    before = cache.node_model("n0")
+    other = {DEVICES_ANNOTATION: encode_devices((DeviceAssignment(1, 1000, 81920),))}
+    cache.pod_event("MODIFIED", pod("q", gpus=1, node_name="n0", annotations=other))
+    model = cache.node_model("n0")
+    assert model is not before and model is not None and [d.is_idle for d in model.gpus] == [True, False]
+
+
 def test_versions_move_only_for_touched_nodes() -> None:
     cache = cache_with(node("n0"), node("n1"))
     start = cache.changes_since(0, 0)
