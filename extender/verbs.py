@@ -53,7 +53,6 @@ from solver import (
     WorkloadClass,
     fits,
     node_score,
-    placement_delta,
 )
 
 log = structlog.get_logger("phalanx.verbs")
@@ -362,8 +361,7 @@ class Verbs:
             known = memo.deltas
             for name in filterfalse(known.__contains__, names):
                 if (node := self.cache.node_model(name)) is not None:
-                    verdict = placement_delta(node, shape, workload)
-                    known[name] = verdict.delta if verdict.fits else math.inf
+                    known[name] = memo.delta(node, workload)
             # The nodes it fits with their deltas, in C-speed passes (a filter's hottest lines).
             values = list(map(known.get, names, repeat(math.inf)))
             deltas = dict(compress(zip(names, values, strict=True), map(ne, repeat(math.inf), values)))
@@ -424,16 +422,13 @@ class Verbs:
         with self._memo_lock:
             memos = [m for m in self._memo.values() if m.deltas and m.shape is not None]
         for memo in memos:
-            shape = memo.shape
-            assert shape is not None
             with memo.lock:
                 memo.sync(self.cache)
                 names, epoch, cursor = list(memo.deltas), memo.epoch, memo.cursor
             fresh: dict[str, float] = {}
             for name in names:  # no lock held: filter goes on meanwhile
                 if (node := self.cache.node_model(name)) is not None:
-                    verdict = placement_delta(node, shape, workload)
-                    fresh[name] = verdict.delta if verdict.fits else math.inf
+                    fresh[name] = memo.delta(node, workload)
             with memo.lock:
                 if self.sharing.workload_generation != generation:
                     return  # moved again: the next refresh measures again

@@ -9,7 +9,7 @@ and renamed without touching the Kubernetes side.
 - One pod against one node (the extender's hot path): `fits`, `unfit_reason`, `node_score`,
   and `NodeState` / `DeviceState` for device choice and accounting.
 - Fragmentation (FGD and Phalanx's measure): `WorkloadClass`, `workload_classes`,
-  `workload_drift`, `demand_of`, `placement_delta`.
+  `workload_drift`, `demand_of`, `placement_delta`, `node_state`.
 - Share packing: `PackingPlan`, `Packer`.
 - `validate_plan(snapshot, requests, result)`: the independent plan check (empty: valid).
 - MIG profile tables: `MigTable` (its `MigProfile`s, cut slices `MigSlot`), `load_tables`.
@@ -22,7 +22,7 @@ and renamed without touching the Kubernetes side.
 from solver.admit import INVALID_REQUEST
 from solver.capacity import DeviceState
 from solver.fit import fits
-from solver.frag import WorkloadClass, demand_of, placement_delta, workload_classes, workload_drift
+from solver.frag import WorkloadClass, demand_of, node_state, placement_delta, workload_classes, workload_drift
 from solver.mig import MigProfile, MigSlot, MigTable, load_tables
 from solver.model import (
     FULL_SHARE,
@@ -139,6 +139,7 @@ __all__ = [
     "limit_excess",
     "load_tables",
     "node_score",
+    "node_state",
     "placement_delta",
     "plan",
     "rollup",

@@ -192,6 +192,14 @@ def node_fragmentation(node: Node, classes: Sequence[WorkloadClass], policy: Pol
     return sum(f for _, _, f in devs) - _usable(sums, free.cpu_milli, free.memory_mib, classes, policy)
 
 
+def node_state(node: Node) -> tuple[int, int, tuple[tuple[int, str, int], ...]]:
+    """Everything `placement_delta` reads of a node: its free CPU and memory and its devices'
+    free shares (index, model, free; MIG devices aside). Nodes of equal states get equal
+    placements, so a caller may measure each state once per shape and workload."""
+    free = node.free
+    return free.cpu_milli, free.memory_mib, tuple(_devices(node))
+
+
 def placement_delta(
     node: Node,
     shape: PodShape,

@@ -3,12 +3,14 @@ filter and prioritize find them memoised (no node model rebuilt, no delta measur
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 
 from extender.app import Extender
 from extender.objects import DEVICES_ANNOTATION, encode_devices
+from solver import placement_delta
 from solver.model import DeviceAssignment
 from tests.extender.fakes import extender_on, node, pod
 
@@ -32,8 +34,8 @@ def ext() -> Extender:
 def calls(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts of node-model builds and fragmentation measurements from here on."""
     counted = {"models": 0, "deltas": 0}
-    cache, verbs_module = ext.cache, __import__("extender.verbs", fromlist=["placement_delta"])
-    build, measure = cache._build, verbs_module.placement_delta
+    cache, memo_module = ext.cache, __import__("extender.memo", fromlist=["placement_delta"])
+    build, measure = cache._build, memo_module.placement_delta
 
     def counting_build(*a: Any, **k: Any) -> Any:
         counted["models"] += 1
@@ -44,7 +46,7 @@ def calls(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         return measure(*a, **k)
 
     monkeypatch.setattr(cache, "_build", counting_build)
-    monkeypatch.setattr(verbs_module, "placement_delta", counting_measure)
+    monkeypatch.setattr(memo_module, "placement_delta", counting_measure)
     return counted
 
 
@@ -70,7 +72,29 @@ def test_without_the_catch_up_the_call_does_the_work(ext: Extender, monkeypatch:
         ext.cache.pod_event("ADDED", share(f"r{i}", name))
     counted = calls(ext, monkeypatch)
     ext.verbs.filter({"Pod": pending, "NodeNames": NAMES})
-    assert counted["models"] == 5 and counted["deltas"] == 5
+    assert counted["models"] == 5 and counted["deltas"] == 1  # five nodes now in one state
+
+
+def test_nodes_in_one_state_are_measured_once(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's fragmentation growth is a function of what `solver.node_state` reads: nodes
+    that pods left in equal states are measured once (per shape and target workload), a node
+    in another state on its own, and every node's memoised growth is what measuring it gives."""
+    pending = share("p")
+    ext.verbs.filter({"Pod": pending, "NodeNames": NAMES})
+    ext.cache.pod_event("ADDED", share("r0", "n0", index=0))
+    ext.cache.pod_event("ADDED", share("r1", "n1", index=0))
+    ext.cache.pod_event("ADDED", share("r2", "n2", index=1))
+    counted = calls(ext, monkeypatch)
+    ext.verbs.prioritize({"Pod": pending, "NodeNames": NAMES})
+    assert counted["deltas"] == 2  # n0 and n1 alike, n2 apart; the others unchanged since the filter
+    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
+    assert memo.shape is not None
+    workload = ext.verbs.sharing.workload()
+    for name in NAMES:
+        model = ext.cache.node_model(name)
+        assert model is not None
+        verdict = placement_delta(model, memo.shape, workload)
+        assert memo.deltas[name] == (verdict.delta if verdict.fits else math.inf), name
 
 
 def test_the_catch_up_answers_as_the_call_would(ext: Extender) -> None:
