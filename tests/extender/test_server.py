@@ -166,3 +166,29 @@ def test_node_read_api_shows_what_the_solver_sees(ext: tuple[Extender, FakeKube]
     assert [g["freeMilli"] for g in body["gpus"]] == [0, 1000]
     assert body["pods"] == [{"pod": "default/busy", "uid": "uid-busy", "assumed": False}]
     assert call(extender, "/api/v1/nodes/ghost")[0] == 404
+
+
+def test_call_histograms_expose_what_prometheus_clients_histogram_would() -> None:
+    """`CallHistogram` (one lock per call) renders the same buckets, counts and sums as
+    prometheus_client's `Histogram` for the same observations, bounds included (a value on a
+    bound counts in that bound's bucket)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from extender.metrics import LATENCY_BUCKETS, CallHistogram
+
+    values = [0.0001, 0.0005, 0.0007, 0.001, 0.003, 0.2, 1.0, 29.0, 31.0, 0.0005]
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    fast = CallHistogram("x_seconds", "doc", ["verb", "phase"], LATENCY_BUCKETS, ours)
+    slow = Histogram("x_seconds", "doc", ["verb", "phase"], buckets=LATENCY_BUCKETS, registry=theirs)
+    for i, v in enumerate(values):
+        labels = ("filter", "read") if i % 3 else ("bind", "work")
+        fast.observe([(labels, v)])
+        slow.labels(*labels).observe(v)
+
+    def series(registry: CollectorRegistry) -> list[str]:
+        text = generate_latest(registry).decode()
+        return sorted(
+            line for line in text.splitlines() if line and not line.startswith("#") and "_created" not in line
+        )
+
+    assert series(ours) == series(theirs)
