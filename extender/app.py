@@ -129,6 +129,7 @@ class Extender:
         self.gang_objects = GangObjects()
         self.notifier = notifier = Notifier(self.binder)
         self.cache.on_pod_change(self._report_pod)
+        self._synced = False  # see `synced`
         self._pods_moved = threading.Event()  # wakes the memos' catch-up (extender/memo.py)
         self.cache.on_pod_change(lambda old, new: self._pods_moved.set())
         self.cache.on_invalid_node(self._report_node)
@@ -494,7 +495,10 @@ class Extender:
             self._pods_moved.clear()
             self._stopping.wait(CATCH_UP_GATHER_S)
             if time.monotonic() - self.verbs.last_call < CATCH_UP_QUIET_S:
-                self._pods_moved.set()  # kube-scheduler is streaming pods: the calls keep up lazily
+                # kube-scheduler is streaming pods: the calls keep up lazily. Look again once a
+                # quiet spell may have begun (not every few ms: each look costs the GIL twice).
+                self._pods_moved.set()
+                self._stopping.wait(CATCH_UP_QUIET_S)
                 continue
             try:
                 if self.synced():
@@ -595,7 +599,14 @@ class Extender:
 
     def synced(self) -> bool:
         """Both the node and the pod lists are in: until then no verb may answer (a pass from
-        a half-loaded cache would double-book devices)."""
+        a half-loaded cache would double-book devices). A reflector's `listed` is never
+        cleared (a relist replaces the cache's objects in one step), so once true it stays:
+        every verb call and the catch-up ask."""
+        if not self._synced:
+            self._synced = self._all_listed()
+        return self._synced
+
+    def _all_listed(self) -> bool:
         return all(r.listed.is_set() for r in self.reflectors)
 
     def ready(self) -> bool:
@@ -606,7 +617,7 @@ class Extender:
         nodes, pods = self.cache.counts()
         self.metrics.cache_objects.labels("nodes").set(nodes)
         self.metrics.cache_objects.labels("pods").set(pods)
-        synced = self.synced()
+        synced = self._all_listed()  # as the reflectors say now (readiness is not on a hot path)
         if synced and not self._gc_tuned:
             # The cache is a large, long-lived heap: move it out of the collector's way (young
             # objects are collected less often since `start`), so no filter call pays for a
