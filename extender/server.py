@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import queue
 import re
 import socket
 import ssl
@@ -73,6 +74,10 @@ class Limits:
 
 #: Bytes read (and dropped) from a body sent where none is expected, to keep the stream framed.
 IGNORED_BODY = 64 * 2**10
+#: Seconds a connection thread waits for a next connection before it ends, and how many
+#: such threads are kept at most (kube-scheduler has 20-30 binds in flight at full speed).
+WORKER_IDLE_S = 30.0
+KEEP_IDLE = 32
 _BUSY_BODY = b'{"Error":"too many connections, retry in a second"}'
 _BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -199,6 +204,11 @@ class Server(ThreadingHTTPServer):
         self.authorizer = authorizer
         self.tls = tls
         self._slots = threading.BoundedSemaphore(limits.connections)
+        # Connection threads are kept and reused (see `process_request`).
+        self._accepted: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._workers_lock = threading.Lock()
+        self._idle = 0  # workers free for the next connection (waiting, or about to)
+        self._workers = 0
         if ":" in address[0]:
             self.address_family = socket.AF_INET6  # e.g. "::" (every address, IPv6 and mapped IPv4)
         super().__init__(address, _Handler)
@@ -253,7 +263,9 @@ class Server(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """One thread per connection, at most `limits.connections` at once: past it the
-        connection gets 503 from the accepting thread and is closed, without a thread."""
+        connection gets 503 from the accepting thread and is closed, without a thread. The
+        threads are kept for the next connections (`_work`): a free one takes it, else a new
+        one starts."""
         if not self._slots.acquire(blocking=False):
             self.metrics.errors.labels("server", "too-many-connections").inc()
             with contextlib.suppress(OSError):
@@ -262,11 +274,55 @@ class Server(ThreadingHTTPServer):
             self.shutdown_request(request)
             return
         self.metrics.connections.inc()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()  # the thread never started
-            raise
+        with self._workers_lock:
+            reserved = self._idle > 0
+            if reserved:
+                self._idle -= 1
+            else:
+                self._workers += 1
+        if not reserved:
+            try:
+                threading.Thread(target=self._work, name="phalanx-http", daemon=True).start()
+            except BaseException:
+                with self._workers_lock:
+                    self._workers -= 1
+                self._slots.release()  # the thread never started
+                raise
+        self._accepted.put((request, client_address))
+
+    def _work(self) -> None:
+        """A connection thread: serves one connection at a time, then waits for the next for
+        up to WORKER_IDLE_S. kube-scheduler keeps only two idle connections to an extender, so
+        most binds in flight come on a new connection (about 0.7 per scheduled pod); a thread
+        started and ended for each cost the acceptor a wait for the thread's start and the
+        process a thread's set-up and teardown each time."""
+        while True:
+            try:
+                item = self._accepted.get(timeout=WORKER_IDLE_S)
+            except queue.Empty:
+                with self._workers_lock:
+                    if self._idle > 0:  # still counted free: leave (else a connection is on its way)
+                        self._idle -= 1
+                        self._workers -= 1
+                        return
+                continue
+            if item is None:  # server_close
+                with self._workers_lock:
+                    self._workers -= 1
+                return
+            self.process_request_thread(*item)
+            with self._workers_lock:
+                if self._idle >= KEEP_IDLE:  # after a burst: keep what a busy scheduler uses
+                    self._workers -= 1
+                    return
+                self._idle += 1
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._workers_lock:
+            workers = self._workers
+        for _ in range(workers):
+            self._accepted.put(None)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], OSError):
