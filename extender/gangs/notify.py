@@ -31,7 +31,6 @@ log = structlog.get_logger("phalanx.gangs.notify")
 
 PLAN_ANNOTATION = "phalanx.io/gang-plan"
 NUDGERS = 16  # threads writing nominations and wake-ups
-NUDGE, WAKE = "nudge", "wake"  # queue entries: a nudge as asked; a wake-up put behind its nomination
 WAITING = "WaitingForQuorum"
 
 
@@ -47,16 +46,14 @@ class Notifier:
         # Each item carries how often it was tried: a write that fails (an API server outage) is
         # queued again, up to RETRIES times, behind the backoff.
         self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
-        # Pods to nudge, each at most once in the queue: a later nudge of a pod still waiting
-        # updates its entry (the latest wake-up value and nomination win), so a burst of watch
-        # events for one pod costs one write, and a 512-member plan is not stuck behind them.
-        # A wake-up that comes with a nomination is written after it, queued again behind every
-        # nomination queued meanwhile: any pod event wakes every member kube-scheduler parked,
-        # so all nominations must land first, or woken members find theirs missing.
-        self.nudges: queue.Queue[tuple[str, str, str]] = queue.Queue(maxsize=100_000)
-        self._pending: dict[tuple[str, str, str], tuple[str | None, str | None, int]] = {}
+        # Pods (namespace, name) to nudge, each at most once in the queue: a later nudge of a
+        # pod still waiting updates its entry (the latest wake-up value and nomination win), so
+        # a burst of watch events for one pod costs one write, and a 512-member plan is not
+        # stuck behind them. A pod's nomination and wake-up go out in one write.
+        self.nudges: queue.Queue[tuple[str, str]] = queue.Queue(maxsize=100_000)
+        self._pending: dict[tuple[str, str], tuple[str | None, str | None, int]] = {}
         self._pending_lock = threading.Lock()
-        self._inflight: set[tuple[str, str, str]] = set()  # being written now
+        self._inflight: set[tuple[str, str]] = set()  # being written now
         self._nominate_refused = False
         self._transitions: dict[str, dict[str, tuple[str, str]]] = {}  # gang -> condition -> (status, since)
         # Several writers: a 512-member gang is nominated and woken in well under a second, not
@@ -101,9 +98,9 @@ class Notifier:
             log.warning("gang notification dropped: queue full", gang=spec.key, reason=reason)
 
     def nudge(self, namespace: str, name: str, value: str | None, nominate: str | None = None) -> None:
-        self._nudge((NUDGE, namespace, name), value, nominate, 0)
+        self._nudge((namespace, name), value, nominate, 0)
 
-    def _nudge(self, key: tuple[str, str, str], value: str | None, nominate: str | None, tries: int) -> None:
+    def _nudge(self, key: tuple[str, str], value: str | None, nominate: str | None, tries: int) -> None:
         with self._pending_lock:
             waiting = self._pending.get(key)
             if waiting is not None:  # queued already: its entry takes what is new
@@ -118,14 +115,14 @@ class Notifier:
                 return  # its writer queues it again when done: one pod's writes never overtake
         self._enqueue(key)
 
-    def _enqueue(self, key: tuple[str, str, str]) -> None:
+    def _enqueue(self, key: tuple[str, str]) -> None:
         """Queue a pod whose entry is pending (dropped with it when the queue is full)."""
         try:
             self.nudges.put_nowait(key)
         except queue.Full:
             with self._pending_lock:
                 self._pending.pop(key, None)
-            log.warning("gang member nudge dropped: queue full", pod=f"{key[1]}/{key[2]}")
+            log.warning("gang member nudge dropped: queue full", pod=f"{key[0]}/{key[1]}")
 
     # Every loop below survives any exception (an API server outage raises urllib3's errors,
     # not only OSError): it logs, backs off while failures repeat, and goes on.
@@ -146,35 +143,35 @@ class Notifier:
                 if again:  # nudged while being written: the newer entry goes after this write
                     self._enqueue(key)
 
-    def _write(
-        self, key: tuple[str, str, str], value: str | None, nominate: str | None, tries: int, failures: int
-    ) -> int:
-        """One pod's nomination and wake-up; the failures in a row, for the backoff."""
-        _, namespace, name = key
+    def _write(self, key: tuple[str, str], value: str | None, nominate: str | None, tries: int, failures: int) -> int:
+        """One pod's nomination and wake-up, in one write; the failures in a row, for the backoff."""
+        namespace, name = key
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         try:
             if nominate is not None:
                 # The planned node as the pod's nominated node: kube-scheduler then filters
                 # the member on that node alone and skips scoring (evaluateNominatedNode),
-                # instead of filtering every node. Written before the wake-up, so the
-                # member comes back with it; a nomination that no longer holds costs one
+                # instead of filtering every node. A nomination that no longer holds costs one
                 # failed check, after which kube-scheduler clears it and filters as usual.
-                status = {"status": {"nominatedNodeName": nominate or None}}
+                # The wake-up rides on the same write (pods/status takes metadata too), so a
+                # member woken by it always comes back with its nomination.
+                body: dict[str, Any] = {"status": {"nominatedNodeName": nominate or None}}
+                if value is not None:
+                    body["metadata"] = {"annotations": {PLAN_ANNOTATION: value}}
                 r = self.binder.kube.request(
-                    "PATCH", f"{path}/status", body=status, content_type="application/merge-patch+json"
+                    "PATCH", f"{path}/status", body=body, content_type="application/merge-patch+json"
                 )
                 _written(r.status, "nomination")
-                if r.status == 403 and not self._nominate_refused:
-                    self._nominate_refused = True  # the wake-up below still works; said once
+                if r.status != 403:
+                    return 0
+                if not self._nominate_refused:  # the wake-up alone below still works; said once
+                    self._nominate_refused = True
                     log.warning(
                         "may not patch pods/status: gang members not nominated; with kube-scheduler's "
                         "default percentageOfNodesToScore they may not be offered their planned nodes "
                         "(grant patch on pods/status, as deploy/kubernetes does)",
                         error=str(r.body)[:256],
                     )
-                if value is not None:
-                    self._nudge((WAKE, namespace, name), value, None, 0)  # behind the queued nominations
-                    value = None
             if value is not None:
                 patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
                 r = self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")

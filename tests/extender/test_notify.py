@@ -1,4 +1,4 @@
-"""The gang member writer: a nomination goes to the pod's status before the wake-up annotation."""
+"""The gang member writer: a nomination and its wake-up annotation go out in one pods/status write."""
 
 from __future__ import annotations
 
@@ -24,14 +24,42 @@ def patches(kube: FakeKube, count: int) -> list[tuple[str, object]]:
     raise AssertionError(f"expected {count} patches, saw {kube.calls}")
 
 
-def test_nomination_first_then_the_wake_up() -> None:
+def test_a_nomination_and_its_wake_up_are_one_write() -> None:
+    """pods/status takes metadata too: the member is woken by the write that nominates it, so
+    it never comes back without its nomination, and the plan costs one write per member."""
     kube = FakeKube()
     kube.pods["default/a"] = pod("a")
     Notifier(Binder(kube)).nudge("default", "a", "1:n3", nominate="n3")
-    assert patches(kube, 2) == [
-        ("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": "n3"}}),
-        ("/api/v1/namespaces/default/pods/a", {"metadata": {"annotations": {PLAN_ANNOTATION: "1:n3"}}}),
+    assert patches(kube, 1) == [
+        (
+            "/api/v1/namespaces/default/pods/a/status",
+            {"status": {"nominatedNodeName": "n3"}, "metadata": {"annotations": {PLAN_ANNOTATION: "1:n3"}}},
+        )
     ]
+    time.sleep(0.1)  # nothing follows it
+    assert len([c for c in kube.calls if c[0] == "PATCH"]) == 1
+    assert kube.pods["default/a"]["metadata"]["annotations"][PLAN_ANNOTATION] == "1:n3"
+
+
+class NoStatus(FakeKube):
+    """An extender whose RBAC does not grant patch on pods/status."""
+
+    def request(self, method: str, path: str, **kw: object) -> Response:  # type: ignore[override]
+        if method == "PATCH" and path.endswith("/status"):
+            self.calls.append((method, path, kw.get("body")))
+            return Response(403, {"message": "forbidden"})
+        return super().request(method, path, **kw)  # type: ignore[arg-type]
+
+
+def test_without_rights_on_pods_status_the_wake_up_is_still_written() -> None:
+    kube = NoStatus()
+    kube.pods["default/a"] = pod("a")
+    Notifier(Binder(kube)).nudge("default", "a", "1:n3", nominate="n3")
+    assert patches(kube, 2)[1] == (
+        "/api/v1/namespaces/default/pods/a",
+        {"metadata": {"annotations": {PLAN_ANNOTATION: "1:n3"}}},
+    )
+    assert kube.pods["default/a"]["metadata"]["annotations"][PLAN_ANNOTATION] == "1:n3"
 
 
 def test_a_queued_member_is_only_nominated_and_a_release_clears_it() -> None:
@@ -46,8 +74,7 @@ def test_a_queued_member_is_only_nominated_and_a_release_clears_it() -> None:
 
 def test_nudges_of_a_pod_still_queued_become_one_write_with_the_latest(monkeypatch: pytest.MonkeyPatch) -> None:
     """A burst of nudges for one pod (watch events while its nomination is on its way) is one
-    queue entry: one nomination write, the latest, then its one wake-up, behind the other
-    nominations queued meanwhile."""
+    queue entry: one write, with the latest nomination and wake-up."""
     monkeypatch.setattr(notify, "NUDGERS", 0)  # no writer yet: everything stays queued
     kube = FakeKube()
     kube.pods["default/a"] = pod("a")
@@ -60,12 +87,15 @@ def test_nudges_of_a_pod_still_queued_become_one_write_with_the_latest(monkeypat
     notifier.nudge("default", "a", "2:n3")
     assert notifier.nudges.qsize() == 2
     threading.Thread(target=notifier._nudge_loop, daemon=True).start()
-    # every nomination queued first, then the wake-up (any pod event wakes parked members)
-    assert patches(kube, 3) == [
-        ("/api/v1/namespaces/default/pods/a/status", {"status": {"nominatedNodeName": "n3"}}),
+    assert patches(kube, 2) == [
+        (
+            "/api/v1/namespaces/default/pods/a/status",
+            {"status": {"nominatedNodeName": "n3"}, "metadata": {"annotations": {PLAN_ANNOTATION: "2:n3"}}},
+        ),
         ("/api/v1/namespaces/default/pods/b/status", {"status": {"nominatedNodeName": "n7"}}),
-        ("/api/v1/namespaces/default/pods/a", {"metadata": {"annotations": {PLAN_ANNOTATION: "2:n3"}}}),
     ]
+    time.sleep(0.1)
+    assert len([c for c in kube.calls if c[0] == "PATCH"]) == 2
 
 
 class Throttled(FakeKube):
