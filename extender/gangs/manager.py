@@ -30,6 +30,7 @@ only to gangs not released meanwhile. Order: `_solving` -> `lock` -> the cache's
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -72,6 +73,10 @@ GANG_TIMEOUT = "gang timed out at bind"
 NO_RESERVATION = "no reservation for this member"
 INVALID_GANG = "invalid gang request"
 CAPACITY_MOVED = "capacity changed while planning; planning again"
+# A plan's nominations: one parked member's after every 8 queued members' (`_nomination_order`).
+# kube-scheduler took a queued member every 2.7 ms of a 512-member plan at 5,000 nodes while 16
+# writers nominated one every 2.2 ms (2026-11-26, 2 cores): one write in 8 more keeps ahead.
+PARKED_STRIDE = 8
 BINDING_GRACE_S = 120.0  # once the gate opened, binds finish long before this; then the plan is dropped
 PREEMPT_MEMO_S = 5.0  # how long the answer to "would evictions place this gang?" is reused
 PREEMPT_TIME_LIMIT_S = 0.25  # the what-if solve runs in kube-scheduler's PostFilter: keep it short
@@ -813,10 +818,9 @@ class GangManager:
             state.plan[uid] = Reservation(node, devices)
             self.nominations[uid] = node
         # Every planned member gets its node as its nominated node (kube-scheduler then checks
-        # that node alone); only members kube-scheduler has parked need waking, the others are
-        # still queued and come with the nomination. Those go first: kube-scheduler may take
-        # them up any moment, and without their nomination it offers them a sample of the nodes.
-        for uid, reservation in sorted(state.plan.items(), key=lambda item: item[0] in state.parked):
+        # that node alone); only members kube-scheduler has parked need waking (in the same
+        # write), the others are still queued and come with the nomination.
+        for uid, reservation in _nomination_order(list(state.plan.items()), state.parked):
             planned = self.cache.pod(uid)
             if planned is not None and not planned.node:
                 wake = f"{state.plans}:{reservation.node}" if uid in state.parked else None
@@ -1233,6 +1237,25 @@ class GangManager:
             "pods": sorted(p.key for p in pods),
             "held": sorted(self.holds.by_gang[key].nodes) if key in self.holds.by_gang else [],
         }
+
+
+def _nomination_order(planned: list[tuple[str, Reservation]], parked: set[str]) -> list[tuple[str, Reservation]]:
+    """The order a plan's nominations are written in: the members kube-scheduler still has
+    queued in plan order, one parked member after every PARKED_STRIDE of them, the rest of the
+    parked after. kube-scheduler takes queued members up one after another and offers each a
+    sample of the nodes unless its nomination has arrived, so their nominations must stay ahead
+    of it; it retries a parked member whenever that member's backoff ends, any time while the
+    nominations are written, and a parked member retried before its nomination fails again (a
+    full cycle on a sample of the nodes, and a longer backoff)."""
+    queued = [item for item in planned if item[0] not in parked]
+    waiting = iter([item for item in planned if item[0] in parked])
+    order: list[tuple[str, Reservation]] = []
+    for i, item in enumerate(queued, 1):
+        order.append(item)
+        if i % PARKED_STRIDE == 0:
+            order.extend(itertools.islice(waiting, 1))
+    order.extend(waiting)
+    return order
 
 
 def _quorum_pods(entry: Entry) -> list[PodInfo]:

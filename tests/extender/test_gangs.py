@@ -11,7 +11,14 @@ import pytest
 
 from extender.cache import Cache
 from extender.eligibility import matches
-from extender.gangs.manager import GANG_TIMEOUT, NOT_OFFERED, WAITING_QUORUM, GangManager
+from extender.gangs.manager import (
+    GANG_TIMEOUT,
+    NOT_OFFERED,
+    WAITING_QUORUM,
+    GangManager,
+    Reservation,
+    _nomination_order,
+)
 from extender.gangs.sources import (
     COSCHEDULING_POD_GROUP,
     KAI_POD_GROUP,
@@ -290,6 +297,18 @@ def test_no_member_is_placed_before_quorum_then_all_are_planned_at_once() -> Non
     assert cache.assumed_uids() == set(planned)  # capacity reserved for all
     # every member nominated to its planned node, so kube-scheduler checks that node alone
     assert rec.nominated == {m.name: planned[m.uid] for m in [first, *rest]}
+
+
+def test_parked_members_are_nominated_among_the_queued_ones() -> None:
+    """kube-scheduler retries a parked member whenever its backoff ends: its nomination (with
+    its wake-up) goes out among the queued members', one after every 8 of theirs, not after
+    all of them; the queued members keep their plan order."""
+    planned = [(f"u{i}", Reservation(f"n{i}", ())) for i in range(20)]
+    order = [uid for uid, _ in _nomination_order(planned, {"u0", "u1", "u2"})]
+    queued = [f"u{i}" for i in range(3, 20)]
+    assert order == [*queued[:8], "u0", *queued[8:16], "u1", *queued[16:], "u2"]
+    assert _nomination_order(planned, set()) == planned
+    assert _nomination_order(planned, {uid for uid, _ in planned}) == planned
 
 
 def test_the_sweep_brings_the_solver_view_up_to_date_while_a_gang_waits_for_quorum() -> None:
