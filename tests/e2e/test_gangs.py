@@ -21,6 +21,7 @@ import yaml
 from deploy.local.cluster import LocalCluster
 from extender.app import Extender, Options
 from extender.gangs.notify import PLAN_ANNOTATION
+from extender.gangs.requests import WAITING_QUORUM
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -520,26 +521,29 @@ def test_a_workload_says_what_it_waits_for_from_the_moment_it_is_seen(
 
 
 def test_a_parked_member_is_nominated_and_woken_by_one_write(extender: dict[str, Extender], kube: RestKube) -> None:
-    """A member kube-scheduler parked before its gang had quorum is woken by the write that
-    nominates it: kube-apiserver takes the plan annotation through pods/status, so the
-    annotation and status.nominatedNodeName land in one update, and no plain pod update
+    """A member Phalanx told "waiting for gang quorum" (kube-scheduler parks it) is woken by the
+    write that nominates it: kube-apiserver takes the plan annotation through pods/status, so
+    the annotation and status.nominatedNodeName land in one update, and no plain pod update
     follows. The member binds where the wake-up said."""
-    workload(kube, "parked", 2)
-    member(kube, "parked-0", {"phalanx.io/workload": "parked"})
+    selector = "phalanx.io/workload=parked"
+    try:
+        workload(kube, "parked", 2)
+        member(kube, "parked-0", {"phalanx.io/workload": "parked"}, gpus=1)
+        wait("parked-0 told to wait for quorum", lambda: any(WAITING_QUORUM in m for m in events_for(kube, "parked-0")))
+        member(kube, "parked-1", {"phalanx.io/workload": "parked"}, gpus=1)
+        wait("both bound", lambda: len(bound(kube, selector)) == 2)
 
-    def parked() -> bool:
-        conditions = pods(kube, "phalanx.io/workload=parked")[0]["status"].get("conditions") or []
-        return any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
+        def first() -> dict[str, Any]:
+            return next(p for p in pods(kube, selector) if p["metadata"]["name"] == "parked-0")
 
-    wait("parked-0 parked by kube-scheduler", parked)
-    member(kube, "parked-1", {"phalanx.io/workload": "parked"})
-    wait("both bound", lambda: len(bound(kube, "phalanx.io/workload=parked")) == 2)
-    first = next(p for p in pods(kube, "phalanx.io/workload=parked") if p["metadata"]["name"] == "parked-0")
-    plans, node = first["metadata"]["annotations"][PLAN_ANNOTATION].split(":")
-    assert node == first["spec"]["nodeName"] and plans.isdigit()
-    writes = [m for m in first["metadata"]["managedFields"] if PLAN_ANNOTATION in json.dumps(m.get("fieldsV1"))]
-    assert [m.get("subresource") for m in writes] == ["status"], writes  # through pods/status only
-    delete_pods(kube, "phalanx.io/workload=parked")
+        wait("parked-0 woken", lambda: PLAN_ANNOTATION in (first()["metadata"].get("annotations") or {}))
+        pod = first()
+        plans, node = pod["metadata"]["annotations"][PLAN_ANNOTATION].split(":")
+        assert node == pod["spec"]["nodeName"] and plans.isdigit()
+        writes = [m for m in pod["metadata"]["managedFields"] if PLAN_ANNOTATION in json.dumps(m.get("fieldsV1"))]
+        assert [m.get("subresource") for m in writes] == ["status"], writes  # through pods/status only
+    finally:
+        delete_pods(kube, selector)
 
 
 def test_kubectl_phalanx_explains_a_gang_that_cannot_fit_in_one_sentence(
