@@ -474,6 +474,7 @@ class Extender:
                     # nodes that changed.
                     self.cache.snapshot()
                 self.gangs.sweep()
+                self.verbs.expire_choices()
                 self.api.tick(leading=self.leadership is None or self.leadership.leading)
                 if ticks % 5 == 0:
                     self.dynamic.retry()  # CRDs installed after start-up

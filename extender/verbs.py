@@ -64,6 +64,17 @@ BOUND, NOT_BOUND, UNKNOWN = "bound", "not bound", "unknown"  # what a failed bin
 CORDON = ("node.kubernetes.io/unschedulable", "", "NoSchedule")  # the taint a cordon stands for
 PARSED_PODS = 128  # parsed pods kept (watch lag only: the watch's reading comes first): 8 MiB at most
 PARSED_POD_BYTES = 64 * 2**10  # larger pods (big annotations) are parsed on every call, never kept
+# A single GPU pod's devices, chosen by the filter that offers it one node, are counted until its
+# bind; a choice whose bind has not come by then is dropped (kube-scheduler binds in milliseconds,
+# PreBind plugins such as volume binding can take longer: such a bind then chooses again).
+CHOICE_TTL_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    node: str
+    devices: tuple[DeviceAssignment, ...]
+    deadline: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,8 @@ class Verbs:
         self._warming = False  # the sweep re-measures fragmentation deltas (`refresh_workload`)
         self.last_call = 0.0  # monotonic time of the last filter or prioritize (app.py's catch-up)
         self._pool_tiers = TierMemo(cache.labels_of, lambda: self.cache.nodes_version)
+        self._choices: dict[str, _Choice] = {}  # uid -> devices filter chose, counted until the bind
+        self._choices_lock = threading.Lock()
 
     @property
     def config(self) -> PhalanxConfig:
@@ -159,10 +172,74 @@ class Verbs:
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         self.last_call = time.monotonic()
         pod, names = self._pod(args), self._node_names(args)
+        if self._choices:
+            self._drop_choice(pod.uid)  # filtered again: what it chose before no longer stands
         verdict = self._unheld(pod, self._verdict(pod, names))
         if pod.node_pools:
             verdict = self._first_pool(pod, verdict)
-        return self._filter_reply(self._sample(pod, verdict), names, pod)
+        return self._filter_reply(self._chosen(pod, self._sample(pod, verdict)), names, pod)
+
+    def _chosen(self, pod: PodInfo, verdict: Verdict) -> Verdict:
+        """A single GPU pod offered one node has its devices chosen and counted now, as
+        kube-scheduler assumes a pod on its node before binding it: kube-scheduler filters the
+        next pod before this one's bind arrives, and without this the next pod would see the
+        devices still free (two half-GPU pods filtered back to back would both be scored for the
+        same half, and a ReplicaSet's new pods end up spread over more GPUs than they need). The
+        bind keeps these devices; a pod filtered again, deleted, or not bound within
+        CHOICE_TTL_S gives them back. The queue limit is checked in the same step, as bind does.
+        Pods the watch has not seen are not counted (a caller cannot reserve for made-up pods)."""
+        if verdict.outcome is not Fit.FITS or len(verdict.passed) != 1 or pod.demand.kind is GpuKind.NONE:
+            return verdict
+        if (self.gangs is not None and self.gangs.gang_of(pod)) or self.cache.assumed(pod.uid) is not None:
+            return verdict  # gang members: their plan reserved their devices
+        watched = self.cache.pod(pod.uid)
+        if watched is None or watched.node or not watched.active:
+            return verdict
+        node = verdict.passed[0]
+        devices = self._choose_devices(pod, node, gang=False)
+        if isinstance(devices, str):  # over its queue's limit, checked with the bind lock held
+            self.metrics.outcomes.labels("filter", "queue-limit").inc()
+            return Verdict.unschedulable(devices)
+        if devices is not None:
+            with self._choices_lock:
+                self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
+        return verdict
+
+    def _drop_choice(self, uid: str, *, expired_before: float | None = None) -> None:
+        """Give back the devices a filter chose for this pod (all of them, or only a choice
+        whose deadline passed before `expired_before`)."""
+        with self._choices_lock:
+            choice = self._choices.get(uid)
+            if choice is None or (expired_before is not None and choice.deadline > expired_before):
+                return
+            del self._choices[uid]
+        self._give_back(uid, choice)
+
+    def _give_back(self, uid: str, choice: _Choice | None) -> None:
+        """Forget a filter's choice, unless the pod is bound there or was chosen again since."""
+        if choice is None:
+            return
+        assumed = self.cache.assumed(uid)
+        if assumed is None or assumed.node != choice.node or assumed.devices is not choice.devices:
+            return
+        self.cache.forget(uid, only=assumed)
+        self.sharing.bind_failed(choice.node, choice.devices)  # the packer counted it in
+
+    def expire_choices(self) -> int:
+        """Drop the choices whose bind did not come in time (the sweep calls this); how many."""
+        now = time.monotonic()
+        with self._choices_lock:
+            due = [uid for uid, c in self._choices.items() if c.deadline <= now]
+        for uid in due:
+            self._drop_choice(uid, expired_before=now)
+        return len(due)
+
+    def _take_choice(self, uid: str) -> _Choice | None:
+        """The bind has come: what filter chose is the bind's now (kept, or forgotten with it)."""
+        if not self._choices:
+            return None
+        with self._choices_lock:
+            return self._choices.pop(uid, None)
 
     def _first_pool(self, pod: PodInfo, verdict: Verdict) -> Verdict:
         """A pod with node pools (extender/node_pools.py) keeps, of the nodes that pass, those
@@ -455,21 +532,26 @@ class Verbs:
             return {"Error": f"pod {namespace}/{name} not found"}
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
+        choice = self._take_choice(uid)
         refusal = self.binder.fence() if self.binder.fence is not None else ""
         refusal = refusal or self._may_bind(pod, node)
         if refusal:
+            self._give_back(uid, choice)
             self.metrics.outcomes.labels("bind", "refused").inc()
             log.warning("bind refused", pod=pod.key, node=node, reason=refusal)
             return {"Error": refusal}
         gate = self.gangs.permit(pod, node) if self.gangs is not None else None
         if gate:
+            self._give_back(uid, choice)
             self.metrics.outcomes.labels("bind", "gang-wait-failed").inc()
             return {"Error": gate}
         devices = self._choose_devices(pod, node, gang=gate is not None)
         if isinstance(devices, str):
+            self._give_back(uid, choice)
             self.metrics.outcomes.labels("bind", "queue-limit").inc()
             return {"Error": devices}
         if devices is None:
+            self._give_back(uid, choice)  # chosen on another node than this bind names
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
         assumed = self.cache.assumed(uid)

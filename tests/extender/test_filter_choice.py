@@ -1,0 +1,127 @@
+"""A single GPU pod offered one node has its devices chosen and counted by that filter, not by
+its bind (extender/verbs.py `_chosen`): kube-scheduler filters the next pod before this one's
+bind arrives, and the next pod must see the devices taken."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from extender import verbs as verbs_module
+from extender.app import Extender
+from extender.config import parse
+from tests.extender.fakes import bind_devices, extender_on, node, pod
+
+JSON = dict[str, Any]
+
+
+def half(name: str, *, uid: str = "") -> JSON:
+    return pod(name, uid=uid, annotations={"gpu-fraction": "0.5"})
+
+
+@pytest.fixture
+def ext() -> Extender:
+    """Two idle 2-GPU nodes and four pending half-GPU pods (h0..h3)."""
+    extender: Extender = extender_on([node("n0", gpus=2), node("n1", gpus=2)], [half(f"h{i}") for i in range(4)])
+    return extender
+
+
+def offered(ext: Extender, obj: JSON, names: list[str]) -> list[str]:
+    reply = ext.verbs.filter({"Pod": obj, "NodeNames": names})
+    assert not reply["FailedNodes"] and not reply["FailedAndUnresolvableNodes"], reply
+    out: list[str] = reply["NodeNames"]
+    return out
+
+
+def counted(ext: Extender, name: str) -> tuple[str, tuple[int, ...]] | None:
+    assumed = ext.cache.assumed(f"uid-{name}")
+    return (assumed.node, tuple(d.index for d in assumed.devices)) if assumed is not None else None
+
+
+def test_the_next_pod_is_filtered_with_the_last_ones_devices_taken(ext: Extender) -> None:
+    """kube-scheduler rotates where its node list starts; both nodes idle look alike, so h1
+    (filtered before h0's bind, its list starting at n1) would have been offered n1 and the
+    two halves would hold two GPUs. h0's half counted on n0 makes n0 the better node."""
+    assert offered(ext, half("h0"), ["n0", "n1"]) == ["n0"]
+    assert counted(ext, "h0") is not None
+    assert offered(ext, half("h1"), ["n1", "n0"]) == ["n0"]
+    (d0,) = bind_devices(ext, "h0", "n0")
+    (d1,) = bind_devices(ext, "h1", "n0")
+    assert d0["index"] == d1["index"] == counted(ext, "h0")[1][0]  # type: ignore[index]
+    assert not ext.verbs._choices  # the binds took their choices over
+
+
+def test_the_bind_keeps_the_devices_the_filter_chose(ext: Extender) -> None:
+    offered(ext, half("h0"), ["n0", "n1"])
+    chosen = counted(ext, "h0")
+    assert chosen is not None
+    (entry,) = bind_devices(ext, "h0", chosen[0])
+    assert entry["index"] == chosen[1][0]
+
+
+def test_a_refused_bind_gives_the_devices_back(ext: Extender) -> None:
+    offered(ext, half("h0"), ["n0", "n1"])
+    assert counted(ext, "h0") is not None
+    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "h0", "PodUID": "uid-h0", "Node": "nowhere"})
+    assert reply["Error"]
+    assert counted(ext, "h0") is None
+    assert all(d.free_milli == 1000 for n in ("n0", "n1") for d in ext.cache.node_model(n).gpus)  # type: ignore[union-attr]
+
+
+def test_a_pod_filtered_again_counts_once(ext: Extender) -> None:
+    offered(ext, half("h0"), ["n0", "n1"])
+    offered(ext, half("h0"), ["n1"])  # a retry offered only n1: the n0 choice is given back
+    assert counted(ext, "h0") == ("n1", counted(ext, "h0")[1])  # type: ignore[index]
+    n0 = ext.cache.node_model("n0")
+    assert n0 is not None and all(d.free_milli == 1000 for d in n0.gpus)
+
+
+def test_a_choice_whose_bind_never_comes_expires(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verbs_module, "CHOICE_TTL_S", 0.0)
+    offered(ext, half("h0"), ["n0", "n1"])
+    assert counted(ext, "h0") is not None
+    assert ext.verbs.expire_choices() == 1
+    assert counted(ext, "h0") is None and not ext.verbs._choices
+    # A late bind still binds: it chooses again.
+    (entry,) = bind_devices(ext, "h0", "n0")
+    assert entry["milli"] == 500
+
+
+def test_a_deleted_pod_leaves_nothing_counted(ext: Extender) -> None:
+    offered(ext, half("h0"), ["n0", "n1"])
+    ext.cache.pod_event("DELETED", half("h0"))
+    assert counted(ext, "h0") is None
+    ext.verbs.expire_choices()  # nothing to give back twice
+    n0 = ext.cache.node_model("n0")
+    assert n0 is not None and all(d.free_milli == 1000 for d in n0.gpus)
+
+
+def test_a_pod_the_watch_has_not_seen_reserves_nothing(ext: Extender) -> None:
+    """A caller cannot hold devices for pods it makes up."""
+    assert offered(ext, half("ghost", uid="made-up"), ["n0", "n1"]) == ["n0"]
+    assert ext.cache.assumed("made-up") is None and not ext.verbs._choices
+
+
+def test_pods_offered_several_nodes_choose_nothing_yet(ext: Extender) -> None:
+    """With the cut off kube-scheduler picks among the nodes: the bind chooses, as before."""
+    ext.apply(parse("filter: {sampleNodes: all}", source="test"))
+    assert offered(ext, half("h0"), ["n0", "n1"]) == ["n0", "n1"]
+    assert counted(ext, "h0") is None
+
+
+def test_a_queue_limit_is_checked_where_the_devices_are_counted() -> None:
+    """Two pods of a queue limited to one GPU, filtered back to back (neither bound yet): the
+    first's GPU counts from its filter, so the second is refused by its own filter with the
+    queue's reason instead of being offered a node only to be refused at bind."""
+    pods = [pod(f"w{i}", gpus=1) for i in range(2)]
+    for p in pods:
+        p["metadata"]["labels"] = {"phalanx.io/queue": "team"}
+    ext: Extender = extender_on([node("n0", gpus=2), node("n1", gpus=2)], pods)
+    ext.queues.replace_queues([{"metadata": {"name": "team"}, "spec": {"limit": {"gpu": 1}}}])
+    ext.queues.note_scheduler("default-scheduler")
+    assert offered(ext, pods[0], ["n0", "n1"]) == ["n0"]
+    reply = ext.verbs.filter({"Pod": pods[1], "NodeNames": ["n0", "n1"]})
+    assert reply["NodeNames"] == []
+    assert set(reply["FailedNodes"].values()) == {"queue team: gpu limit 1, in use 1, pod needs 1"}
+    assert ext.cache.assumed("uid-w1") is None
