@@ -313,7 +313,7 @@ class Extender:
         self.server = Server(
             (options.host, options.port),
             verbs={
-                "filter": self.verbs.filter,
+                "filter": self.verbs.filter_then,
                 "prioritize": self.verbs.prioritize,
                 "bind": self.verbs.bind,
                 "preempt": self.verbs.preempt,

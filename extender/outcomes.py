@@ -8,7 +8,9 @@ one field of the extender reply; nothing downstream parses a message to learn an
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Fit(enum.Enum):
@@ -55,3 +57,13 @@ class Verdict:
     @staticmethod
     def unresolvable(message: str) -> Verdict:
         return Verdict(Fit.UNRESOLVABLE, message=message)
+
+
+@dataclass(frozen=True, slots=True)
+class Then:
+    """A verb's reply and work to do once it is sent: the server's connection thread does
+    `after` right after writing the reply, before it reads that connection's next request, so
+    the work leaves the caller's wait (kube-scheduler's serial cycle) without being put off."""
+
+    reply: Any
+    after: Callable[[], None]

@@ -45,6 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from extender.auth import GROUP, READ_METHODS, WRITE_VERBS, Access, Authorizer, Denied
 from extender.errors import BadRequest, NotReady
 from extender.metrics import Metrics
+from extender.outcomes import Then
 from extender.tls import ServerTLS
 
 log = structlog.get_logger("phalanx.server")
@@ -84,8 +85,9 @@ _BUSY = (
     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
 
-#: An extender verb: the request's JSON object -> the reply's JSON.
+#: An extender verb: the request's JSON object -> the reply's JSON (or a `Then`: extender/outcomes.py).
 Verb = Callable[[dict[str, Any]], Any]
+
 #: A read: the path below the route's prefix -> (status, JSON body).
 Read = Callable[[str], tuple[int, Any]]
 #: A REST collection: (method, path below the prefix, raw body) -> (status, JSON body).
@@ -103,6 +105,7 @@ class Reply:
     # A stream (server-sent events): written chunk by chunk after the headers, without a
     # length; the connection closes when it ends. `body` is ignored.
     stream: Iterator[bytes] | None = None
+    after: Callable[[], None] | None = None  # run once the reply is sent (`Then`)
 
     @staticmethod
     def json(status: int, body: Any) -> Reply:
@@ -350,6 +353,9 @@ class Server(ThreadingHTTPServer):
         def handle(method: str, path: str, body: bytes) -> Reply:
             clock = [time.perf_counter()]  # started, decoded, worked
             status, reply = self._call(name, verb, body, clock)
+            after = None
+            if isinstance(reply, Then):
+                reply, after = reply.reply, reply.after
             data = orjson.dumps(reply)
             done = time.perf_counter()
             # Recorded before the reply leaves, so a client that reads /metrics next sees this call.
@@ -357,7 +363,7 @@ class Server(ThreadingHTTPServer):
             phases = None
             if len(clock) == 3:
                 phases = {"decode": clock[1] - clock[0], "work": clock[2] - clock[1], "encode": done - clock[2]}
-            return Reply(status, data, verb=name, phases=phases)
+            return Reply(status, data, verb=name, phases=phases, after=after)
 
         return handle
 
@@ -720,11 +726,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             reply = route.handler(method, rest, body)
         sending = time.perf_counter()
-        self._send(reply)
+        self._send(reply)  # raises when the client left: its work after is not done then
         if reply.phases is not None:
             sent = time.perf_counter()
             phases = {"read": read - self.first_byte, **reply.phases, "write": sent - sending}
             self.server.metrics.observe_phases(reply.verb, {**phases, "server": sent - self.first_byte})
+        if reply.after is not None:
+            self._after(reply)
+
+    def _after(self, reply: Reply) -> None:
+        """A verb's work once its reply is written."""
+        assert reply.after is not None
+        try:
+            reply.after()
+        except Exception:
+            self.server.metrics.errors.labels(reply.verb or "after", "internal").inc()
+            log.exception("work after the reply failed", verb=reply.verb)
 
     def _verified_client(self) -> bool:
         """A client certificate was sent and verified against the client CA (CERT_OPTIONAL

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse, repeat
 from operator import ne
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import structlog
@@ -40,7 +40,7 @@ from extender.memo import ShapeMemo, catch_up
 from extender.metrics import Metrics
 from extender.node_pools import TierMemo
 from extender.objects import PodInfo, pod_info
-from extender.outcomes import Fit, Verdict
+from extender.outcomes import Fit, Then, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from extender.queues import QueueBook
 from extender.scoring import best, fragmentation_lead, fragmentation_scores
@@ -170,6 +170,17 @@ class Verbs:
             raise NotReady("phalanx cache not synced yet (nodes and pods still listing)")
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The filter reply, with its choice (if any) counted before returning: for callers in
+        this process (tests, trace_replay). The server calls `filter_then`."""
+        answer = self.filter_then(args)
+        if isinstance(answer, Then):
+            answer.after()
+            return cast("dict[str, Any]", answer.reply)
+        return answer
+
+    def filter_then(self, args: dict[str, Any]) -> dict[str, Any] | Then:
+        """The filter reply; for a single GPU pod offered one node, also its device choice
+        (`_choose`), which the server makes right after sending the reply."""
         self.last_call = time.monotonic()
         pod, names = self._pod(args), self._node_names(args)
         if self._choices:
@@ -177,33 +188,38 @@ class Verbs:
         verdict = self._unheld(pod, self._verdict(pod, names))
         if pod.node_pools:
             verdict = self._first_pool(pod, verdict)
-        return self._filter_reply(self._chosen(pod, self._sample(pod, verdict)), names, pod)
-
-    def _chosen(self, pod: PodInfo, verdict: Verdict) -> Verdict:
-        """A single GPU pod offered one node has its devices chosen and counted now, as
-        kube-scheduler assumes a pod on its node before binding it: kube-scheduler filters the
-        next pod before this one's bind arrives, and without this the next pod would see the
-        devices still free (two half-GPU pods filtered back to back would both be scored for the
-        same half, and a ReplicaSet's new pods end up spread over more GPUs than they need). The
-        bind keeps these devices; a pod filtered again, deleted, or not bound within
-        CHOICE_TTL_S gives them back. The queue limit is checked in the same step, as bind does.
-        Pods the watch has not seen are not counted (a caller cannot reserve for made-up pods)."""
+        verdict = self._sample(pod, verdict)
+        reply = self._filter_reply(verdict, names, pod)
         if verdict.outcome is not Fit.FITS or len(verdict.passed) != 1 or pod.demand.kind is GpuKind.NONE:
-            return verdict
-        if (self.gangs is not None and self.gangs.gang_of(pod)) or self.cache.assumed(pod.uid) is not None:
-            return verdict  # gang members: their plan reserved their devices
+            return reply
+        if self.gangs is not None and self.gangs.gang_of(pod):
+            return reply  # gang members: their plan reserved their devices
+        node = verdict.passed[0]
+        return Then(reply, lambda: self._choose(pod, node))
+
+    def _choose(self, pod: PodInfo, node: str) -> None:
+        """A single GPU pod offered one node has its devices chosen and counted as soon as the
+        reply is out, as kube-scheduler assumes a pod on its node before binding it: it filters
+        the next pod before this one's bind arrives, and without this the next pod would see
+        the devices still free (two half-GPU pods filtered back to back were both scored for the
+        same half, and a ReplicaSet's new pods spread over more GPUs than they need). The
+        choice is made in the connection's thread after the reply is sent: kube-scheduler's
+        cycle before its next filter takes longer than the choice (should a filter come first,
+        it sees what a bind would have shown it, as before). The bind keeps these devices; a
+        pod filtered again, deleted, refused at bind, or not bound within CHOICE_TTL_S gives
+        them back. The queue limit is checked in the same step, as bind does; a pod over it
+        gets nothing counted, and its bind refuses it. Pods the watch has not seen are not
+        counted (a caller cannot reserve for made-up pods)."""
+        if self.cache.assumed(pod.uid) is not None:
+            return
         watched = self.cache.pod(pod.uid)
         if watched is None or watched.node or not watched.active:
-            return verdict
-        node = verdict.passed[0]
+            return
         devices = self._choose_devices(pod, node, gang=False)
-        if isinstance(devices, str):  # over its queue's limit, checked with the bind lock held
-            self.metrics.outcomes.labels("filter", "queue-limit").inc()
-            return Verdict.unschedulable(devices)
-        if devices is not None:
-            with self._choices_lock:
-                self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
-        return verdict
+        if devices is None or isinstance(devices, str):
+            return  # no longer fits, or over its queue's limit: the bind says so
+        with self._choices_lock:
+            self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
 
     def _drop_choice(self, uid: str, *, expired_before: float | None = None) -> None:
         """Give back the devices a filter chose for this pod (all of them, or only a choice

@@ -1,6 +1,6 @@
-"""A single GPU pod offered one node has its devices chosen and counted by that filter, not by
-its bind (extender/verbs.py `_chosen`): kube-scheduler filters the next pod before this one's
-bind arrives, and the next pod must see the devices taken."""
+"""A single GPU pod offered one node has its devices chosen and counted once its filter reply
+is sent, not by its bind (extender/verbs.py `filter_then`, `_choose`): kube-scheduler filters
+the next pod before this one's bind arrives, and the next pod must see the devices taken."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from extender import verbs as verbs_module
 from extender.app import Extender
 from extender.config import parse
+from extender.outcomes import Then
 from tests.extender.fakes import bind_devices, extender_on, node, pod
 
 JSON = dict[str, Any]
@@ -110,7 +111,7 @@ def test_pods_offered_several_nodes_choose_nothing_yet(ext: Extender) -> None:
     assert counted(ext, "h0") is None
 
 
-def test_a_queue_limit_is_checked_where_the_devices_are_counted() -> None:
+def test_a_queue_limit_counts_the_chosen_devices() -> None:
     """Two pods of a queue limited to one GPU, filtered back to back (neither bound yet): the
     first's GPU counts from its filter, so the second is refused by its own filter with the
     queue's reason instead of being offered a node only to be refused at bind."""
@@ -125,3 +126,37 @@ def test_a_queue_limit_is_checked_where_the_devices_are_counted() -> None:
     assert reply["NodeNames"] == []
     assert set(reply["FailedNodes"].values()) == {"queue team: gpu limit 1, in use 1, pod needs 1"}
     assert ext.cache.assumed("uid-w1") is None
+
+
+def test_the_server_sends_the_reply_before_choosing(ext: Extender) -> None:
+    """`filter_then` leaves the choice to after the reply; nothing is counted until it runs."""
+    answer = ext.verbs.filter_then({"Pod": half("h0"), "NodeNames": ["n0", "n1"]})
+    assert isinstance(answer, Then)
+    assert answer.reply["NodeNames"] == ["n0"] and counted(ext, "h0") is None
+    answer.after()
+    assert counted(ext, "h0") is not None
+
+
+def test_gang_members_and_pods_without_gpus_have_nothing_to_do_after(ext: Extender) -> None:
+    cpu = pod("cpu-only")
+    ext.cache.pod_event("ADDED", cpu)
+    assert not isinstance(ext.verbs.filter_then({"Pod": cpu, "NodeNames": ["n0", "n1"]}), Then)
+
+
+def test_over_its_queue_limit_a_pod_gets_nothing_counted_and_its_bind_refuses() -> None:
+    """The queue's usage moved between the filter's reply and its choice: nothing is counted,
+    and the bind (which checks again) refuses."""
+    pods = [pod(f"w{i}", gpus=1) for i in range(2)]
+    for p in pods:
+        p["metadata"]["labels"] = {"phalanx.io/queue": "team"}
+    ext: Extender = extender_on([node("n0", gpus=2), node("n1", gpus=2)], pods)
+    ext.queues.replace_queues([{"metadata": {"name": "team"}, "spec": {"limit": {"gpu": 1}}}])
+    ext.queues.note_scheduler("default-scheduler")
+    first = ext.verbs.filter_then({"Pod": pods[0], "NodeNames": ["n0", "n1"]})
+    second = ext.verbs.filter_then({"Pod": pods[1], "NodeNames": ["n0", "n1"]})
+    assert isinstance(first, Then) and isinstance(second, Then)
+    first.after()
+    second.after()
+    assert ext.cache.assumed("uid-w0") is not None and ext.cache.assumed("uid-w1") is None
+    reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "w1", "PodUID": "uid-w1", "Node": "n0"})
+    assert reply["Error"] == "queue team: gpu limit 1, in use 1, pod needs 1"

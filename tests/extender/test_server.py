@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -11,7 +14,10 @@ from typing import Any
 import pytest
 
 from extender.app import Extender, Options
+from extender.metrics import Metrics
 from extender.objects import DEVICES_ANNOTATION
+from extender.outcomes import Then
+from extender.server import Server
 from tests.extender.fakes import ADMIN, FakeKube, node, pod, serving
 
 
@@ -54,6 +60,58 @@ def test_filter_passes_gpu_nodes_that_fit_and_says_why_others_fail(ext: tuple[Ex
         "FailedAndUnresolvableNodes": {},
         "Error": "",
     }
+
+
+def test_filter_counts_a_single_pods_devices_once_its_reply_is_sent(ext: tuple[Extender, FakeKube]) -> None:
+    """Offered one node, the pod's devices are chosen by the connection's thread right after the
+    reply (extender/verbs.py `filter_then`); its bind then keeps them."""
+    extender, kube = ext
+    p = pod("one", gpus=1)
+    kube.pods["default/one"] = p
+    extender.cache.pod_event("ADDED", p)
+    status, body = call(extender, "/filter", {"Pod": p, "NodeNames": ["n0"]})
+    assert status == 200 and body["NodeNames"] == ["n0"]
+    deadline = time.monotonic() + 10
+    while extender.cache.assumed("uid-one") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    chosen = extender.cache.assumed("uid-one")
+    assert chosen is not None and chosen.node == "n0"
+    status, body = call(
+        extender, "/bind", {"PodName": "one", "PodNamespace": "default", "PodUID": "uid-one", "Node": "n0"}
+    )
+    assert status == 200 and body == {"Error": ""}
+    record = json.loads(kube.pods["default/one"]["metadata"]["annotations"][DEVICES_ANNOTATION])
+    assert [e["index"] for e in record] == [d.index for d in chosen.devices]
+
+
+def test_work_after_a_reply_that_fails_is_counted_and_the_connection_goes_on() -> None:
+    """A verb's `Then.after` that raises: the reply was already sent, the error is counted, and
+    the same connection serves its next request."""
+    ran: list[int] = []
+
+    def verb(args: dict[str, Any]) -> Then:
+        def after() -> None:
+            ran.append(1)
+            raise RuntimeError("after failed")
+
+        return Then({"Error": ""}, after)
+
+    metrics = Metrics()
+    server = Server(("127.0.0.1", 0), verbs={"filter": verb}, metrics=metrics, ready=lambda: True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        for _ in range(2):
+            conn.request("POST", "/filter", body=b"{}", headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200 and json.loads(response.read()) == {"Error": ""}
+        conn.close()
+        assert ran == [1, 1]
+        assert metrics.errors.labels("filter", "internal")._value.get() == 2
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_filter_passes_pods_without_gpu_demand_through(ext: tuple[Extender, FakeKube]) -> None:
