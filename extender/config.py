@@ -397,7 +397,7 @@ class FilterConfig(_Strict):
         "all: no cut, every GPU pod scored by kube-scheduler and prioritize too; N: at most N for GPU pods, "
         "pods without GPUs keep kube-scheduler's count. Pods with preferences kube-scheduler scores (preferred "
         "node or pod affinity, ScheduleAnyway spread) keep every node. A single GPU pod offered one node has its "
-        "devices counted from that filter until its bind (30 s at most), so the next pod sees them taken.",
+        "devices counted from that filter's reply until its bind (30 s at most), so the next pod sees them taken.",
     )
 
     def size(self, nodes: int, *, gpu: bool = True) -> int:

@@ -114,6 +114,7 @@ class Verbs:
         self.last_call = 0.0  # monotonic time of the last filter or prioritize (app.py's catch-up)
         self._pool_tiers = TierMemo(cache.labels_of, lambda: self.cache.nodes_version)
         self._choices: dict[str, _Choice] = {}  # uid -> devices filter chose, counted until the bind
+        self._binding: set[str] = set()  # uids whose bind is under way: a late choice is theirs
         self._choices_lock = threading.Lock()
 
     @property
@@ -219,7 +220,8 @@ class Verbs:
         if devices is None or isinstance(devices, str):
             return  # no longer fits, or over its queue's limit: the bind says so
         with self._choices_lock:
-            self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
+            if pod.uid not in self._binding:  # a bind that came first owns these devices
+                self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
 
     def _drop_choice(self, uid: str, *, expired_before: float | None = None) -> None:
         """Give back the devices a filter chose for this pod (all of them, or only a choice
@@ -251,11 +253,15 @@ class Verbs:
         return len(due)
 
     def _take_choice(self, uid: str) -> _Choice | None:
-        """The bind has come: what filter chose is the bind's now (kept, or forgotten with it)."""
-        if not self._choices:
-            return None
+        """The bind has come: what filter chose is the bind's now (kept, or forgotten with it);
+        until it ends (`_bind_ended`) a choice made late is not recorded."""
         with self._choices_lock:
+            self._binding.add(uid)
             return self._choices.pop(uid, None)
+
+    def _bind_ended(self, uid: str) -> None:
+        with self._choices_lock:
+            self._binding.discard(uid)
 
     def _first_pool(self, pod: PodInfo, verdict: Verdict) -> Verdict:
         """A pod with node pools (extender/node_pools.py) keeps, of the nodes that pass, those
@@ -549,6 +555,13 @@ class Verbs:
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
         choice = self._take_choice(uid)
+        try:
+            return self._bind(pod, node, choice)
+        finally:
+            self._bind_ended(uid)
+
+    def _bind(self, pod: PodInfo, node: str, choice: _Choice | None) -> dict[str, Any]:
+        namespace, name, uid = pod.namespace, pod.name, pod.uid
         refusal = self.binder.fence() if self.binder.fence is not None else ""
         refusal = refusal or self._may_bind(pod, node)
         if refusal:
@@ -649,11 +662,16 @@ class Verbs:
         choose-and-assume; no lock is held across API calls). A single pod's queue limit is
         checked in the same step (a string: why not): kube-scheduler filters the next pod
         before this one's bind arrives, so filter's check alone could let two pods past a limit."""
-        if gang or self.queues is None or not self.queues.active or self.cache.assumed(pod.uid) is not None:
+        if gang or self.queues is None or not self.queues.active:
             return self._assume_devices(pod, node)
         with self.queues.bind_lock:
-            refusal = self.queues.bind_check(pod)
-            return refusal or self._assume_devices(pod, node)
+            # Counted already (its filter's choice, or a retried bind): its queue counts it, and
+            # checking it again would count it twice.
+            if self.cache.assumed(pod.uid) is None:
+                refusal = self.queues.bind_check(pod)
+                if refusal:
+                    return refusal
+            return self._assume_devices(pod, node)
 
     def _assume_devices(self, pod: PodInfo, node: str) -> tuple[DeviceAssignment, ...] | None:
         ask = self._ask(pod)

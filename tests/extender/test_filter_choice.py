@@ -160,3 +160,20 @@ def test_over_its_queue_limit_a_pod_gets_nothing_counted_and_its_bind_refuses() 
     assert ext.cache.assumed("uid-w0") is not None and ext.cache.assumed("uid-w1") is None
     reply = ext.verbs.bind({"PodNamespace": "default", "PodName": "w1", "PodUID": "uid-w1", "Node": "n0"})
     assert reply["Error"] == "queue team: gpu limit 1, in use 1, pod needs 1"
+
+
+def test_a_choice_made_while_its_bind_is_under_way_is_the_binds(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler's bind overtook the work after the filter reply: the late choice keeps the
+    bind's devices and records nothing that could expire and forget a bound pod's devices."""
+    answer = ext.verbs.filter_then({"Pod": half("h0"), "NodeNames": ["n0", "n1"]})
+    assert isinstance(answer, Then)
+    checks = ext.verbs._may_bind
+
+    def checks_with_the_choice_late(pod: Any, node: str) -> str:
+        answer.after()  # after the bind took what was recorded (nothing), before it chose
+        return checks(pod, node)
+
+    monkeypatch.setattr(ext.verbs, "_may_bind", checks_with_the_choice_late)
+    (entry,) = bind_devices(ext, "h0", "n0")
+    assert not ext.verbs._choices and not ext.verbs._binding
+    assert counted(ext, "h0") == ("n0", (entry["index"],))
