@@ -111,16 +111,22 @@ def test_pods_offered_several_nodes_choose_nothing_yet(ext: Extender) -> None:
     assert counted(ext, "h0") is None
 
 
-def test_a_queue_limit_counts_the_chosen_devices() -> None:
-    """Two pods of a queue limited to one GPU, filtered back to back (neither bound yet): the
-    first's GPU counts from its filter, so the second is refused by its own filter with the
-    queue's reason instead of being offered a node only to be refused at bind."""
+def queued_pair() -> tuple[Extender, list[JSON]]:
+    """Two idle 2-GPU nodes and two pending 1-GPU pods (w0, w1) of queue "team", limited to one GPU."""
     pods = [pod(f"w{i}", gpus=1) for i in range(2)]
     for p in pods:
         p["metadata"]["labels"] = {"phalanx.io/queue": "team"}
     ext: Extender = extender_on([node("n0", gpus=2), node("n1", gpus=2)], pods)
     ext.queues.replace_queues([{"metadata": {"name": "team"}, "spec": {"limit": {"gpu": 1}}}])
     ext.queues.note_scheduler("default-scheduler")
+    return ext, pods
+
+
+def test_a_queue_limit_counts_the_chosen_devices() -> None:
+    """Two pods of a queue limited to one GPU, filtered back to back (neither bound yet): the
+    first's GPU counts from its filter, so the second is refused by its own filter with the
+    queue's reason instead of being offered a node only to be refused at bind."""
+    ext, pods = queued_pair()
     assert offered(ext, pods[0], ["n0", "n1"]) == ["n0"]
     reply = ext.verbs.filter({"Pod": pods[1], "NodeNames": ["n0", "n1"]})
     assert reply["NodeNames"] == []
@@ -146,12 +152,7 @@ def test_gang_members_and_pods_without_gpus_have_nothing_to_do_after(ext: Extend
 def test_over_its_queue_limit_a_pod_gets_nothing_counted_and_its_bind_refuses() -> None:
     """The queue's usage moved between the filter's reply and its choice: nothing is counted,
     and the bind (which checks again) refuses."""
-    pods = [pod(f"w{i}", gpus=1) for i in range(2)]
-    for p in pods:
-        p["metadata"]["labels"] = {"phalanx.io/queue": "team"}
-    ext: Extender = extender_on([node("n0", gpus=2), node("n1", gpus=2)], pods)
-    ext.queues.replace_queues([{"metadata": {"name": "team"}, "spec": {"limit": {"gpu": 1}}}])
-    ext.queues.note_scheduler("default-scheduler")
+    ext, pods = queued_pair()
     first = ext.verbs.filter_then({"Pod": pods[0], "NodeNames": ["n0", "n1"]})
     second = ext.verbs.filter_then({"Pod": pods[1], "NodeNames": ["n0", "n1"]})
     assert isinstance(first, Then) and isinstance(second, Then)
