@@ -583,6 +583,8 @@ class Verbs:
             self._give_back(uid, choice)  # chosen on another node than this bind names
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
+        if choice is not None and choice.node != node:
+            self.sharing.bind_failed(choice.node, choice.devices)  # the packer counted it there
         assumed = self.cache.assumed(uid)
         started = time.perf_counter()
         try:

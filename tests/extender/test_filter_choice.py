@@ -178,3 +178,13 @@ def test_a_choice_made_while_its_bind_is_under_way_is_the_binds(ext: Extender, m
     (entry,) = bind_devices(ext, "h0", "n0")
     assert not ext.verbs._choices and not ext.verbs._binding
     assert counted(ext, "h0") == ("n0", (entry["index"],))
+
+
+def test_a_bind_to_another_node_moves_the_pod_there(ext: Extender) -> None:
+    """Filter chose n0; a bind naming n1 (another caller, or kube-scheduler after a retry) takes
+    devices on n1 and n0 counts nothing of it any more."""
+    offered(ext, half("h0"), ["n0", "n1"])
+    (entry,) = bind_devices(ext, "h0", "n1")
+    assert counted(ext, "h0") == ("n1", (entry["index"],))
+    n0 = ext.cache.node_model("n0")
+    assert n0 is not None and all(d.free_milli == 1000 for d in n0.gpus)
