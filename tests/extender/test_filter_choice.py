@@ -143,7 +143,7 @@ def test_the_server_sends_the_reply_before_choosing(ext: Extender) -> None:
     assert counted(ext, "h0") is not None
 
 
-def test_gang_members_and_pods_without_gpus_have_nothing_to_do_after(ext: Extender) -> None:
+def test_a_pod_without_gpus_has_nothing_to_do_after(ext: Extender) -> None:
     cpu = pod("cpu-only")
     ext.cache.pod_event("ADDED", cpu)
     assert not isinstance(ext.verbs.filter_then({"Pod": cpu, "NodeNames": ["n0", "n1"]}), Then)
