@@ -335,19 +335,22 @@ class Cache:
                 self._assume(uid, node, devices)
             return devices
 
-    def forget(self, uid: str, *, only: Assumed | None = None) -> None:
+    def forget(self, uid: str, *, only: Assumed | None = None) -> bool:
         """assumed -> initial: the bind failed or the reservation was released. With `only`,
-        just that assumption (a bind forgets what it assumed, never a newer one)."""
+        just that assumption (a bind forgets what it assumed, never a newer one). True if an
+        assumption was forgotten."""
         with self._lock:
             if only is not None and self._assumed.get(uid) is not only:
-                return
+                return False
             entry = self._assumed.pop(uid, None)
-            if entry is not None:
-                pod = self._pods.get(uid)
-                if pod is None or pod.node != entry.node:
-                    self._on_node.get(entry.node, set()).discard(uid)
-                self._touch(entry.node)
-                self._counted(uid)
+            if entry is None:
+                return False
+            pod = self._pods.get(uid)
+            if pod is None or pod.node != entry.node:
+                self._on_node.get(entry.node, set()).discard(uid)
+            self._touch(entry.node)
+            self._counted(uid)
+            return True
 
     def forget_unbound(self, uids: Iterable[str]) -> None:
         """Forget the assumptions of those pods the watch does not show bound."""

@@ -29,7 +29,7 @@ import structlog
 from extender import wire
 from extender.agents import AgentRefused
 from extender.binder import Binder, Fenced
-from extender.cache import Cache
+from extender.cache import Assumed, Cache
 from extender.config import PhalanxConfig
 from extender.eligibility import matches
 from extender.errors import BadRequest, NotReady
@@ -72,8 +72,7 @@ CHOICE_TTL_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class _Choice:
-    node: str
-    devices: tuple[DeviceAssignment, ...]
+    assumed: Assumed  # the cache's own record of it: forgotten only while it is still that one
     deadline: float
 
 
@@ -219,9 +218,10 @@ class Verbs:
         devices = self._choose_devices(pod, node, gang=False)
         if devices is None or isinstance(devices, str):
             return  # no longer fits, or over its queue's limit: the bind says so
+        assumed = self.cache.assumed(pod.uid)
         with self._choices_lock:
-            if pod.uid not in self._binding:  # a bind that came first owns these devices
-                self._choices[pod.uid] = _Choice(node, devices, time.monotonic() + CHOICE_TTL_S)
+            if assumed is not None and pod.uid not in self._binding:  # a bind that came first owns it
+                self._choices[pod.uid] = _Choice(assumed, time.monotonic() + CHOICE_TTL_S)
 
     def _drop_choice(self, uid: str, *, expired_before: float | None = None) -> None:
         """Give back the devices a filter chose for this pod (all of them, or only a choice
@@ -234,14 +234,16 @@ class Verbs:
         self._give_back(uid, choice)
 
     def _give_back(self, uid: str, choice: _Choice | None) -> None:
-        """Forget a filter's choice, unless the pod is bound there or was chosen again since."""
-        if choice is None:
-            return
-        assumed = self.cache.assumed(uid)
-        if assumed is None or assumed.node != choice.node or assumed.devices is not choice.devices:
-            return
-        self.cache.forget(uid, only=assumed)
-        self.sharing.bind_failed(choice.node, choice.devices)  # the packer counted it in
+        """Forget a filter's choice, unless the watch has shown the pod bound or it was
+        assumed again since."""
+        if choice is not None:
+            self._unassume(uid, choice.assumed)
+
+    def _unassume(self, uid: str, assumed: Assumed | None) -> None:
+        """Forget exactly this assumption (never a newer one), and tell the packer, which
+        counted the pod on that device."""
+        if assumed is not None and self.cache.forget(uid, only=assumed):
+            self.sharing.bind_failed(assumed.node, assumed.devices)
 
     def expire_choices(self) -> int:
         """Drop the choices whose bind did not come in time (the sweep calls this); how many."""
@@ -583,8 +585,8 @@ class Verbs:
             self._give_back(uid, choice)  # chosen on another node than this bind names
             self.metrics.outcomes.labels("bind", "no-longer-fits").inc()
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
-        if choice is not None and choice.node != node:
-            self.sharing.bind_failed(choice.node, choice.devices)  # the packer counted it there
+        if choice is not None and choice.assumed.node != node:
+            self.sharing.bind_failed(choice.assumed.node, choice.assumed.devices)  # the packer counted it there
         assumed = self.cache.assumed(uid)
         started = time.perf_counter()
         try:
@@ -600,8 +602,7 @@ class Verbs:
             # its node's agent refused (an unhealthy or unknown GPU): it would be refused the same
             # devices at every retry; its next bind chooses again from what the node offers now.
             if outcome == NOT_BOUND and (gate is None or isinstance(e, AgentRefused)):
-                self.cache.forget(uid, only=assumed)
-                self.sharing.bind_failed(node, devices)  # the packer counted this pod in
+                self._unassume(uid, assumed)
             # A gang member keeps its reservation (kube-scheduler retries it onto the same node;
             # a release of its gang forgets it), and so does a bind whose outcome is unknown:
             # the API server may have committed it. The watch, a retry or the pod's deletion
