@@ -209,13 +209,14 @@ class Verbs:
         pod filtered again, deleted, refused at bind, or not bound within CHOICE_TTL_S gives
         them back. The queue limit is checked in the same step, as bind does; a pod over it
         gets nothing counted, and its bind refuses it. Pods the watch has not seen are not
-        counted (a caller cannot reserve for made-up pods)."""
+        counted, and what is counted is the pod as the watch read it, as bind does (a caller
+        cannot reserve for made-up pods, nor more than a real pod asks for)."""
         if self.cache.assumed(pod.uid) is not None:
             return
         watched = self.cache.pod(pod.uid)
         if watched is None or watched.node or not watched.active:
             return
-        devices = self._choose_devices(pod, node, gang=False)
+        devices = self._choose_devices(watched, node, gang=False)
         if devices is None or isinstance(devices, str):
             return  # no longer fits, or over its queue's limit: the bind says so
         assumed = self.cache.assumed(pod.uid)

@@ -188,3 +188,14 @@ def test_a_bind_to_another_node_moves_the_pod_there(ext: Extender) -> None:
     assert counted(ext, "h0") == ("n1", (entry["index"],))
     n0 = ext.cache.node_model("n0")
     assert n0 is not None and all(d.free_milli == 1000 for d in n0.gpus)
+
+
+def test_a_request_cannot_reserve_more_than_the_pod_asks_for(ext: Extender) -> None:
+    """A filter request naming a real pod's uid with a bigger request (two whole GPUs instead
+    of half of one) is answered for what it says, but what gets counted is the pod as the watch
+    read it."""
+    forged = pod("h0", gpus=2)
+    forged["metadata"]["resourceVersion"] = "forged"
+    assert offered(ext, forged, ["n0"]) == ["n0"]
+    assumed = ext.cache.assumed("uid-h0")
+    assert assumed is not None and [d.milli for d in assumed.devices] == [500]
