@@ -57,10 +57,19 @@ def extender_config(
     weight: int = 1,
     ignorable: bool = False,
     tls: ExtenderTLS | None = None,
-) -> dict[str, Any]:
-    """Return one ``extenders`` entry for the Phalanx extender at ``url`` (its URL prefix);
-    with ``tls``, kube-scheduler verifies the extender's certificate and presents its own."""
-    entry = {
+) -> list[dict[str, Any]]:
+    """Return the ``extenders`` entries for the Phalanx extender at ``url`` (its URL prefix);
+    with ``tls``, kube-scheduler verifies the extender's certificate and presents its own.
+
+    Without managed resources (every pod is the extender's) bind is an entry of its own at the
+    same URL. kube-scheduler gives each entry its own HTTP client, and Go's client keeps two idle
+    connections: in one entry, the binds in flight (they run beside the next pods' scheduling
+    cycles) hold those two, and the next filter or prioritize, on kube-scheduler's serial path,
+    opens a new connection. Apart, filter, prioritize and preempt, called one at a time by the
+    scheduling cycle, always find theirs. kube-scheduler refuses a managed resource named in two
+    entries, so with managed resources every verb stays in one entry.
+    """
+    entry: dict[str, Any] = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
@@ -75,20 +84,24 @@ def extender_config(
     }
     if tls is not None:
         entry["tlsConfig"] = {"certFile": tls.cert_file, "keyFile": tls.key_file, "caFile": tls.ca_file}
-    return entry
+    if managed_resources:
+        return [entry]
+    verbs = {k: v for k, v in entry.items() if k != "bindVerb"}
+    binder = {k: v for k, v in entry.items() if k not in ("filterVerb", "prioritizeVerb", "preemptVerb", "weight")}
+    return [verbs, binder]
 
 
 def scheduler_config(
     kubeconfig: Path,
     *,
-    extender: dict[str, Any] | None = None,
+    extenders: Sequence[dict[str, Any]] = (),
     scheduler_names: Sequence[str] = (DEFAULT_SCHEDULER_NAME,),
     ignored_resources: Sequence[str] = (),
     percentage_of_nodes_to_score: int | None = None,
     qps: float = CLIENT_QPS,
     burst: int = CLIENT_BURST,
 ) -> dict[str, Any]:
-    """Return a KubeSchedulerConfiguration; ``extender`` comes from :func:`extender_config`.
+    """Return a KubeSchedulerConfiguration; ``extenders`` come from :func:`extender_config`.
 
     One profile per name in ``scheduler_names``, all with the default plugins; with
     ``ignored_resources`` their NodeResourcesFit skips those resources (no node advertises
@@ -110,8 +123,8 @@ def scheduler_config(
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": name, **profile_extras} for name in scheduler_names],
     }
-    if extender is not None:
-        config["extenders"] = [extender]
+    if extenders:
+        config["extenders"] = list(extenders)
     if percentage_of_nodes_to_score is not None:
         config["percentageOfNodesToScore"] = percentage_of_nodes_to_score
     return config
@@ -130,14 +143,14 @@ class SchedulerSettings:
 
     def render(self, kubeconfig: Path) -> str:
         """Return the configuration file's text (stable, so two renders compare equal)."""
-        extender = None
+        extenders: list[dict[str, Any]] = []
         if self.extender_url:
-            extender = extender_config(
+            extenders = extender_config(
                 self.extender_url, managed_resources=self.managed_resources, tls=self.extender_tls
             )
         config = scheduler_config(
             kubeconfig,
-            extender=extender,
+            extenders=extenders,
             scheduler_names=self.scheduler_names,
             ignored_resources=self.ignored_resources,
             percentage_of_nodes_to_score=self.percentage_of_nodes_to_score,

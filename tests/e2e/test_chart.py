@@ -224,7 +224,8 @@ def test_the_defaults_render_two_replicas_as_a_second_scheduler_hardened(helm: H
         "resourceName": "phalanx-scheduler",
     }
     assert [p["schedulerName"] for p in config["profiles"]] == ["phalanx"]
-    assert config["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:8888"] * 2
+    assert [bool(e.get("bindVerb")) for e in config["extenders"]] == [False, True]  # bind apart
 
     policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
     assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "phalanx-scheduler"}}
@@ -603,7 +604,8 @@ def test_the_rendered_scheduler_configuration_is_accepted_by_kube_scheduler(
     effective = yaml.safe_load((tmp_path / "out.yaml").read_text())
     names = [p["schedulerName"] for p in effective["profiles"]]
     assert names == (["default-scheduler"] if values == "ha" else ["phalanx"])
-    assert effective["extenders"][0]["nodeCacheCapable"] is True
+    assert [e["nodeCacheCapable"] for e in effective["extenders"]] == [True, True]
+    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "bind"]
 
 
 def test_helm_install_upgrade_and_uninstall_keep_what_the_extender_wrote(helm: Helm, cluster: LocalCluster) -> None:

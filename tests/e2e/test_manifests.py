@@ -60,7 +60,9 @@ def test_the_shipped_scheduler_configuration_is_accepted_by_kube_scheduler(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     effective = yaml.safe_load((tmp_path / "effective.yaml").read_text())
-    assert effective["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+    assert [e["urlPrefix"] for e in effective["extenders"]] == ["http://127.0.0.1:8888"] * 2
+    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "bind"]  # bind apart
+    assert [e.get("filterVerb", "") for e in effective["extenders"]] == ["filter", ""]
     assert not effective.get("percentageOfNodesToScore")  # kube-scheduler's adaptive default
 
 

@@ -62,13 +62,22 @@ profiles:
           # MIG resources (a dynamic-MIG node advertises no slices until Phalanx cuts them).
           ignoredResources:
             {{- toYaml .Values.kubeScheduler.ignoredResources | nindent 12 }}
+# Two entries, one extender: bind apart from the verbs of the scheduling cycle. Each entry has
+# its own HTTP client, which keeps two idle connections; binds in flight (up to hundreds of ms
+# each under load) would take them, and filter, on the scheduling cycle, would dial anew.
 extenders:
   - urlPrefix: http://127.0.0.1:{{ .Values.extender.port }}
     filterVerb: filter
     prioritizeVerb: prioritize
-    bindVerb: bind
     preemptVerb: preempt
     weight: 1
+    enableHTTPS: false
+    nodeCacheCapable: true
+    ignorable: false
+    httpTimeout: {{ .Values.extender.httpTimeout }}
+    managedResources: []
+  - urlPrefix: http://127.0.0.1:{{ .Values.extender.port }}
+    bindVerb: bind
     enableHTTPS: false
     nodeCacheCapable: true
     ignorable: false
