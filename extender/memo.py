@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +25,9 @@ from extender.pools import NOT_IN_POOL, Pool
 from solver import Node, PodShape, WorkloadClass, fits, node_state, placement_delta, unfit_reason
 
 BATCH = 16  # nodes re-checked per hold of a memo's lock
+# Between batches the catch-up sleeps: the GIL goes to a call waiting for it at once, rather than
+# at the next switch interval (5 ms) of a pass that may take hundreds of ms after a mass deletion.
+BATCH_PAUSE_S = 0.0005
 MEASURED_STATES = 4096  # node states whose fragmentation growth a memo keeps (then starts over)
 
 
@@ -112,6 +116,8 @@ def catch_up(memos: Sequence[ShapeMemo], cache: Cache, workload: tuple[WorkloadC
         with memo.lock:
             forgotten = memo.sync(cache)
         for start in range(0, len(forgotten or ()), BATCH):
+            if start:
+                time.sleep(BATCH_PAUSE_S)
             with memo.lock:
                 memo.sync(cache)  # touched again meanwhile: forgotten again, re-checked on a later round
                 for name in (forgotten or [])[start : start + BATCH]:

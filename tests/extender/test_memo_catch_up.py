@@ -125,3 +125,21 @@ def test_a_shape_only_prioritize_measures_is_caught_up_too(ext: Extender, monkey
     counted = calls(ext, monkeypatch)
     ext.verbs.prioritize({"Pod": cpu, "NodeNames": NAMES})
     assert counted == {"models": 0, "deltas": 0}
+
+
+def test_the_catch_up_sleeps_between_batches(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a mass deletion the catch-up re-checks hundreds of nodes in pure Python: it gives
+    the GIL up between batches (a call waiting for it runs at once, not at the next 5 ms
+    switch interval), and still checks every node."""
+    import extender.memo as memo_module
+
+    pending = share("p")
+    ext.verbs.filter({"Pod": pending, "NodeNames": NAMES})
+    moved = NAMES[:7]
+    for i, name in enumerate(moved):
+        ext.cache.pod_event("ADDED", share(f"r{i}", name))
+    pauses: list[float] = []
+    monkeypatch.setattr(memo_module, "BATCH", 2)
+    monkeypatch.setattr(memo_module.time, "sleep", pauses.append)
+    assert ext.verbs.catch_up() == len(moved)
+    assert pauses == [memo_module.BATCH_PAUSE_S] * 3  # between four batches, not after the last
