@@ -26,7 +26,7 @@ from solver import Node, PodShape, WorkloadClass, fits, node_state, placement_de
 
 BATCH = 16  # nodes re-checked per hold of a memo's lock
 # Between batches the catch-up sleeps: the GIL goes to a call waiting for it at once, rather than
-# at the next switch interval (5 ms) of a pass that may take hundreds of ms after a mass deletion.
+# at the next switch interval of a pass that may take hundreds of ms after a mass deletion.
 BATCH_PAUSE_S = 0.0005
 MEASURED_STATES = 4096  # node states whose fragmentation growth a memo keeps (then starts over)
 

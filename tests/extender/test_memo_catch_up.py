@@ -129,8 +129,8 @@ def test_a_shape_only_prioritize_measures_is_caught_up_too(ext: Extender, monkey
 
 def test_the_catch_up_sleeps_between_batches(ext: Extender, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a mass deletion the catch-up re-checks hundreds of nodes in pure Python: it gives
-    the GIL up between batches (a call waiting for it runs at once, not at the next 5 ms
-    switch interval), and still checks every node."""
+    the GIL up between batches (a call waiting for it runs at once, not at the next switch
+    interval), and still checks every node."""
     import extender.memo as memo_module
 
     pending = share("p")
