@@ -140,10 +140,10 @@ def test_an_invalid_setting_names_the_field() -> None:
         parse("filter: {sampleNodes: 0}", source="test")
 
 
-def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter() -> None:
-    """The sweep's refresh re-measures every memoised fragmentation delta when the target
-    workload moves, off the verbs' path: the next filter finds them measured (and equal to
-    what it would have measured itself), instead of measuring its whole node list."""
+def _workload_moves_to_whole_gpus() -> tuple[Extender, Any, int]:
+    """An extender whose half-GPU shape has every node memoised, then 30 whole-GPU pods running
+    (the target workload moves past the drift): it, that shape's memo, and the workload's
+    generation before the move."""
     used = encode_devices((DeviceAssignment(1, 500, 0),))
     running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
     running["status"]["phase"] = "Running"
@@ -151,10 +151,18 @@ def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter()
     assert passed(ext, half("q0")) == ["n250"]
     memo = next(m for m in ext.verbs._memo.values() if m.deltas)
     before = ext.sharing.workload_generation
-    for i in range(30):  # the mix moves to whole GPUs
+    for i in range(30):
         whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
         whole["status"]["phase"] = "Running"
         ext.cache.pod_event("ADDED", whole)
+    return ext, memo, before
+
+
+def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter() -> None:
+    """The sweep's refresh re-measures every memoised fragmentation delta when the target
+    workload moves, off the verbs' path: the next filter finds them measured (and equal to
+    what it would have measured itself), instead of measuring its whole node list."""
+    ext, memo, before = _workload_moves_to_whole_gpus()
     ext.verbs.refresh_workload()
     generation = ext.sharing.workload_generation
     assert generation != before and memo.workload_generation == generation
@@ -169,16 +177,7 @@ def test_a_new_target_workload_is_measured_by_the_sweep_not_by_the_next_filter()
 def test_a_node_that_moves_while_the_sweep_measures_is_not_installed_stale() -> None:
     """The sweep measures without the memo's lock; a node touched after the measurement, even
     right before the install's own sync, must not keep the delta measured before it moved."""
-    used = encode_devices((DeviceAssignment(1, 500, 0),))
-    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
-    running["status"]["phase"] = "Running"
-    ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
-    passed(ext, half("q0"))
-    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
-    for i in range(30):
-        whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
-        whole["status"]["phase"] = "Running"
-        ext.cache.pod_event("ADDED", whole)
+    ext, memo, _ = _workload_moves_to_whole_gpus()
     original = type(memo).sync
     calls = []
 
@@ -207,16 +206,7 @@ def test_the_sweeps_measure_gives_the_gil_up_between_batches_and_drops_what_move
     or after (a later one), that delta is not installed; every other node's is."""
     import extender.verbs as verbs_module
 
-    used = encode_devices((DeviceAssignment(1, 500, 0),))
-    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
-    running["status"]["phase"] = "Running"
-    ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
-    passed(ext, half("q0"))
-    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
-    for i in range(30):  # the mix moves to whole GPUs: the sweep re-measures
-        whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
-        whole["status"]["phase"] = "Running"
-        ext.cache.pod_event("ADDED", whole)
+    ext, memo, _ = _workload_moves_to_whole_gpus()  # the sweep re-measures
     memo.sync(ext.cache)  # as the pass does first: the nodes that moved are dropped
     names = sorted(memo.deltas)
     early, late = names[10], names[-10]  # measured before the first pause, and after it
