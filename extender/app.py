@@ -127,7 +127,7 @@ class Extender:
         )
         self.binder = Binder(kube, fence=self._fence if options.leader else None, agents=agents)
         self.gang_objects = GangObjects()
-        self.notifier = notifier = Notifier(self.binder)
+        self.notifier = notifier = Notifier(self.binder, lambda how: self.metrics.gang_wakeups.labels(how).inc())
         self.cache.on_pod_change(self._report_pod)
         self._synced = False  # see `synced`
         self._pods_moved = threading.Event()  # wakes the memos' catch-up (extender/memo.py)

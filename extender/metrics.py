@@ -121,6 +121,14 @@ class Metrics:
             "Gang reservations released because members did not all reach bind in time.",
             registry=self.registry,
         )
+        self.gang_wakeups = Counter(
+            "phalanx_gang_wakeups_total",
+            "Wake-ups of planned gang members kube-scheduler had parked, by outcome: woken (the "
+            "plan's write landed), bound (kube-scheduler retried the member by itself and bound it "
+            "first), failed (deleted meanwhile, or kube-apiserver kept refusing).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.gang_quorum_to_bound = Histogram(
             "phalanx_gang_quorum_to_bound_seconds",
             "From a gang's quorum (as first seen by filter) to its last planned member bound.",

@@ -18,6 +18,7 @@ import datetime as dt
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -41,8 +42,9 @@ class Notifier:
     member (annotation `phalanx.io/gang-plan`) is such an event: the member comes back at
     once and finds its reservation."""
 
-    def __init__(self, binder: Binder) -> None:
+    def __init__(self, binder: Binder, counted: Callable[[str], None] = lambda outcome: None) -> None:
         self.binder = binder
+        self.counted = counted  # each wake-up's outcome: woken, bound (kube-scheduler was first), failed
         # Each item carries how often it was tried: a write that fails (an API server outage) is
         # queued again, up to RETRIES times, behind the backoff.
         self.queue: queue.Queue[tuple[GangSpec, str, str, str, int]] = queue.Queue(maxsize=10_000)
@@ -163,6 +165,8 @@ class Notifier:
                 )
                 _written(r.status, "nomination")
                 if r.status != 403:
+                    if value is not None:
+                        self._woken(r.status, namespace, name, r.body)
                     return 0
                 if not self._nominate_refused:  # the wake-up alone below still works; said once
                     self._nominate_refused = True
@@ -170,18 +174,35 @@ class Notifier:
                         "may not patch pods/status: gang members not nominated; with kube-scheduler's "
                         "default percentageOfNodesToScore they may not be offered their planned nodes "
                         "(grant patch on pods/status, as deploy/kubernetes does)",
-                        error=str(r.body)[:256],
+                        error=_brief(r.body),
                     )
             if value is not None:
                 patch = {"metadata": {"annotations": {PLAN_ANNOTATION: value}}}
                 r = self.binder.kube.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
                 _written(r.status, "wake-up")
+                self.counted("woken" if r.status < 300 else "failed")
             return 0
         except Exception as e:
             failures = _backoff(failures, "could not wake gang member", pod=f"{namespace}/{name}", error=str(e))
             if tries + 1 < RETRIES:
                 self._nudge(key, value, nominate, tries + 1)
+            elif value is not None:
+                self.counted("failed")
             return failures
+
+    def _woken(self, status: int, namespace: str, name: str, body: Any) -> None:
+        """Count a wake-up pods/status answered. 422: kube-apiserver refuses a nomination
+        for a bound pod. kube-scheduler requeues a pod an extender refused on any cluster event
+        (the arrival of the member that completed the quorum, most often), so it may take a
+        parked member up again right after the plan, find its planned node and bind it before
+        this write lands: nothing to wake then."""
+        if status < 300:
+            self.counted("woken")
+        elif status == 422:
+            self.counted("bound")
+            log.debug("gang member bound before its wake-up", pod=f"{namespace}/{name}", error=_brief(body))
+        else:  # 404: deleted meanwhile
+            self.counted("failed")
 
     def _run(self) -> None:
         failures = 0
@@ -290,6 +311,12 @@ def _backoff(failures: int, message: str, **fields: Any) -> int:
 
 
 RETRIES = 5
+
+
+def _brief(body: Any) -> str:
+    """kube-apiserver's reason for a refused write, short enough for one log line."""
+    message = body.get("message") if isinstance(body, dict) else None
+    return str(message if message else body)[:256]
 
 
 def _written(status: int, what: str) -> None:

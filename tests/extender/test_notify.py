@@ -41,6 +41,51 @@ def test_a_nomination_and_its_wake_up_are_one_write() -> None:
     assert kube.pods["default/a"]["metadata"]["annotations"][PLAN_ANNOTATION] == "1:n3"
 
 
+class Bound(FakeKube):
+    """kube-apiserver 1.37 (ClearingNominatedNodeNameAfterBinding): no nomination for a bound pod."""
+
+    def request(self, method: str, path: str, **kw: object) -> Response:  # type: ignore[override]
+        if method == "PATCH" and path.endswith("/status"):
+            self.calls.append((method, path, kw.get("body")))
+            message = 'Pod "a" is invalid: status.nominatedNodeName: Forbidden: may not be set on pods '
+            message += "that are already bound to a node"
+            return Response(422, {"message": message})
+        return super().request(method, path, **kw)  # type: ignore[arg-type]
+
+
+def outcomes(seen: list[str], count: int) -> list[str]:
+    deadline = time.monotonic() + 10
+    while len(seen) < count:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.01)
+    return seen
+
+
+def test_each_wake_up_is_counted_by_outcome() -> None:
+    """Woken when the write lands; bound when kube-scheduler took the member up by itself and
+    bound it first (kube-apiserver refuses the nomination then, and nothing more is written);
+    failed when the pod is gone. A nomination alone (no wake-up) is not counted."""
+    seen: list[str] = []
+    kube = FakeKube()
+    kube.pods["default/a"] = pod("a")
+    notifier = Notifier(Binder(kube), seen.append)
+    notifier.nudge("default", "a", None, nominate="n3")
+    patches(kube, 1)
+    notifier.nudge("default", "a", "1:n3", nominate="n3")
+    assert outcomes(seen, 1) == ["woken"]
+    notifier.nudge("default", "gone", "1:n3", nominate="n3")
+    assert outcomes(seen, 2) == ["woken", "failed"]
+
+    refused: list[str] = []
+    bound = Bound()
+    bound.pods["default/a"] = pod("a")
+    Notifier(Binder(bound), refused.append).nudge("default", "a", "1:n3", nominate="n3")
+    assert outcomes(refused, 1) == ["bound"]
+    time.sleep(0.1)
+    assert len([c for c in bound.calls if c[0] == "PATCH"]) == 1  # no plain write of the annotation after it
+    assert PLAN_ANNOTATION not in bound.pods["default/a"]["metadata"].get("annotations", {})
+
+
 class NoStatus(FakeKube):
     """An extender whose RBAC does not grant patch on pods/status."""
 
