@@ -22,7 +22,18 @@ from dataclasses import dataclass, field
 
 from extender.cache import Cache
 from extender.pools import NOT_IN_POOL, Pool
-from solver import Node, PodShape, WorkloadClass, fits, node_state, placement_delta, unfit_reason
+from solver import (
+    GpuKind,
+    Node,
+    PlacementMode,
+    PodShape,
+    WorkloadClass,
+    fits,
+    node_score,
+    node_state,
+    placement_delta,
+    unfit_reason,
+)
 
 BATCH = 16  # nodes re-checked per hold of a memo's lock
 # Between batches the catch-up sleeps: the GIL goes to a call waiting for it at once, rather than
@@ -45,6 +56,7 @@ class ShapeMemo:
     workload_generation: int = -1  # the target workload `deltas` were measured against
     shape: PodShape | None = None  # the pod shape it is for (the sweep re-measures `deltas`)
     pool: Pool | None = None  # the GPU pool its pods ask for, as last configured
+    mode: PlacementMode = PlacementMode.COMPACT_FIRST  # its pods' placement mode (part of the memo's key)
     ranked: bool = False  # ranked by fragmentation `deltas` (catch_up measures them again)
     lock: threading.Lock = field(default_factory=threading.Lock)
     # The growth per node state (`solver.node_state`), for the target workload it was
@@ -52,6 +64,24 @@ class ShapeMemo:
     _measured: tuple[tuple[WorkloadClass, ...] | None, dict[object, float]] = field(
         default_factory=lambda: (None, {}), repr=False
     )
+
+    def by_fragmentation(self, workload: tuple[WorkloadClass, ...]) -> bool:
+        """Whether its pods are ranked by fragmentation growth against `workload` (`deltas`);
+        otherwise a GPU shape is ranked by how full it leaves a node (`scores`, which do not
+        depend on the workload), and a shape without GPUs is not ranked. With no workload (no
+        pod placed anywhere, e.g. after a job's pods all left) every GPU shape has `scores`."""
+        assert self.shape is not None
+        if not workload or self.mode is not PlacementMode.COMPACT_FIRST:
+            return False
+        kind = self.shape.gpu.kind
+        if kind is GpuKind.NONE:  # a pod without GPUs: only where it could strand some
+            return any(c.uses_gpu for c in workload)
+        return kind in (GpuKind.SHARE, GpuKind.WHOLE)
+
+    def score(self, node: Node) -> int:
+        """How full placing this memo's shape leaves `node` (`solver.node_score`, 0..8)."""
+        assert self.shape is not None
+        return node_score(node, self.shape, self.mode)
 
     def delta(self, node: Node, workload: tuple[WorkloadClass, ...]) -> float:
         """The fragmentation growth of placing this memo's shape on `node` (inf: it does not
@@ -107,12 +137,15 @@ class ShapeMemo:
 
 
 def catch_up(memos: Sequence[ShapeMemo], cache: Cache, workload: tuple[WorkloadClass, ...], generation: int) -> int:
-    """Check again the nodes each memo forgot since its last sync (fit, and the fragmentation
-    delta of a ranked memo measured against `workload` of `generation`); the nodes re-checked."""
+    """Check again the nodes each memo forgot since its last sync (fit, and what ranks it: the
+    fragmentation delta of a ranked memo measured against `workload` of `generation`, or the
+    score of a GPU shape ranked without one); the nodes re-checked."""
     done = 0
     for memo in memos:
         if memo.shape is None:
             continue
+        measure = memo.ranked and memo.workload_generation == generation and memo.by_fragmentation(workload)
+        score = memo.shape.gpu.kind is not GpuKind.NONE and not memo.by_fragmentation(workload)
         with memo.lock:
             forgotten = memo.sync(cache)
         for start in range(0, len(forgotten or ()), BATCH):
@@ -124,8 +157,9 @@ def catch_up(memos: Sequence[ShapeMemo], cache: Cache, workload: tuple[WorkloadC
                     if name in memo.checked or not memo.check(cache, name):
                         continue  # checked by a call meanwhile, or gone from the cache
                     done += 1
-                    if memo.ranked and workload and memo.workload_generation == generation:
-                        node = cache.node_model(name)
-                        if node is not None and name not in memo.failed:
-                            memo.deltas[name] = memo.delta(node, workload)
+                    node = cache.node_model(name) if (measure or score) and name not in memo.failed else None
+                    if node is not None and measure:
+                        memo.deltas[name] = memo.delta(node, workload)
+                    elif node is not None and score:
+                        memo.scores[name] = memo.score(node)
     return done
