@@ -140,16 +140,21 @@ def test_an_invalid_setting_names_the_field() -> None:
         parse("filter: {sampleNodes: 0}", source="test")
 
 
-def _workload_moves_to_whole_gpus() -> tuple[Extender, Any, int]:
-    """An extender whose half-GPU shape has every node memoised, then 30 whole-GPU pods running
-    (the target workload moves past the drift): it, that shape's memo, and the workload's
-    generation before the move."""
+def _half_gpu_shape_memoised() -> tuple[Extender, Any, JSON]:
+    """An extender whose half-GPU shape has every node memoised by fragmentation (a half pod
+    runs on n250, another is pending): it, that shape's memo, and the running pod."""
     used = encode_devices((DeviceAssignment(1, 500, 0),))
     running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
     running["status"]["phase"] = "Running"
     ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
     assert passed(ext, half("q0")) == ["n250"]
-    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
+    return ext, next(m for m in ext.verbs._memo.values() if m.deltas), running
+
+
+def _workload_moves_to_whole_gpus() -> tuple[Extender, Any, int]:
+    """`_half_gpu_shape_memoised`, then 30 whole-GPU pods running (the target workload moves
+    past the drift): the extender, that shape's memo, and the workload's generation before."""
+    ext, memo, _ = _half_gpu_shape_memoised()
     before = ext.sharing.workload_generation
     for i in range(30):
         whole = pod(f"w{i}", gpus=1, node_name=NODES[i])
@@ -230,14 +235,9 @@ def test_the_sweeps_measure_gives_the_gil_up_between_batches_and_drops_what_move
 
 
 def _every_pod_leaves() -> tuple[Extender, Any]:
-    """An extender whose half-GPU shape has every node memoised by fragmentation, then every
-    pod gone (a job's pods all deleted): it and that shape's memo."""
-    used = encode_devices((DeviceAssignment(1, 500, 0),))
-    running = pod("run", annotations={"gpu-fraction": "0.5", DEVICES_ANNOTATION: used}, node_name="n250")
-    running["status"]["phase"] = "Running"
-    ext: Extender = extender_on([node(n, gpus=2) for n in NODES], [running, half("q0")])
-    assert passed(ext, half("q0")) == ["n250"]
-    memo = next(m for m in ext.verbs._memo.values() if m.deltas)
+    """`_half_gpu_shape_memoised`, then every pod gone (a job's pods all deleted): the
+    extender and that shape's memo."""
+    ext, memo, running = _half_gpu_shape_memoised()
     assert not memo.scores  # ranked by deltas so far: no scores kept
     for gone in (running, half("q0")):
         ext.cache.pod_event("DELETED", gone)
