@@ -548,7 +548,8 @@ class Verbs:
                 continue  # not ranked (no GPUs, nothing to strand), or ranked by scores already
             with memo.lock:
                 memo.sync(self.cache)
-                names, epoch, cursor = list(memo.deltas.keys() | memo.scores.keys()), memo.epoch, memo.cursor
+                names = [*memo.deltas, *filterfalse(memo.deltas.__contains__, memo.scores)]  # in the calls' order
+                epoch, cursor = memo.epoch, memo.cursor
             fresh: dict[str, Any] = {}
             for start in range(0, len(names), REMEASURE_BATCH):  # no lock held: filter goes on meanwhile
                 if start:
