@@ -647,7 +647,7 @@ def test_an_admin_preemption_evicts_the_whole_gang_and_the_node_stream_tells_it(
     reader.start()
 
     # A CI run once had this dry run answered 404 right after the pods showed bound (not
-    # reproduced in 8 runs since, 2 of them on a loaded machine; the API answers from the
+    # reproduced in 6 runs since, 2 of them on a loaded machine; the API answers from the
     # extender's watch cache, which may trail kube-apiserver): a dry run changes nothing, so it
     # is asked until it finds the gang, and a lasting 404 still fails here.
     def dry_run() -> tuple[int, Any] | None:
