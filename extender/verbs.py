@@ -113,8 +113,8 @@ class Verbs:
         self._memo_lock = threading.Lock()
         self._parsed: dict[tuple[str, str], PodInfo] = {}  # (uid, resourceVersion) -> parsed pod
         self._fragments: dict[tuple[str, int], orjson.Fragment] = {}
-        self._warming = False  # the sweep re-measures fragmentation deltas (`refresh_workload`)
-        self._warming_from: tuple[WorkloadClass, ...] | None = None  # the target workload before it
+        # While the sweep re-measures (`refresh_workload`): the target workload before it.
+        self._warming_from: tuple[WorkloadClass, ...] | None = None
         self.last_call = 0.0  # monotonic time of the last filter or prioritize (app.py's catch-up)
         self._pool_tiers = TierMemo(cache.labels_of, lambda: self.cache.nodes_version)
         self._choices: dict[str, _Choice] = {}  # uid -> devices filter chose, counted until the bind
@@ -447,7 +447,7 @@ class Verbs:
         if not any(c.uses_gpu for c in workload):  # nothing to strand: not worth a pass over the nodes
             return {}
         ask = self._ask(pod)
-        if ask.error or ask.mode is not PlacementMode.COMPACT_FIRST:
+        if ask.error or ask.mode is not PlacementMode.COMPACT_FIRST:  # `ShapeMemo.by_fragmentation`'s test
             return {}
         return self._fragmentation_scores(self._memo_for(ask), names, ask.shape, workload, by_name=False)
 
@@ -467,7 +467,7 @@ class Verbs:
         with memo.lock:
             memo.sync(self.cache)
             memo.ranked = True
-            if memo.workload_generation != self.sharing.workload_generation and not self._warming:
+            if memo.workload_generation != self.sharing.workload_generation and self._warming_from is None:
                 memo.deltas.clear()
                 memo.workload_generation = self.sharing.workload_generation
             known = memo.deltas
@@ -523,13 +523,13 @@ class Verbs:
         moved against the new workload. The pass gives the GIL up between batches of nodes,
         so a call that comes meanwhile waits for a batch, not for the pass."""
         before, previous = self.sharing.workload_generation, self.sharing.workload()
-        self._warming, self._warming_from = True, previous
+        self._warming_from = previous
         try:
             self.sharing.refresh()
             if self.sharing.workload_generation != before:
                 self._remeasure(self.sharing.workload_generation, previous)
         finally:
-            self._warming, self._warming_from = False, None
+            self._warming_from = None
 
     def _remeasure(self, generation: int, previous: tuple[WorkloadClass, ...]) -> None:
         """Measure again, for the nodes each shape knows, what ranks it under the new target
