@@ -216,6 +216,23 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
 
 
+def run_delay_seconds(pid: int) -> float:
+    """Seconds the threads of process `pid` (those alive now) have waited for a core, as the
+    kernel counts it (/proc/PID/task/TID/schedstat, second field); 0 if unreadable."""
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
+
+
 def rss_mib(pid: int) -> float:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -255,6 +272,7 @@ def one_round(
         http_json("DELETE", f"{ext_url}/api/v1/stats", kube)
     connections = extender_connections(ext_url)
     ext_cpu = cpu_seconds(ext_pid)
+    ext_waited = run_delay_seconds(ext_pid)
     started = time.monotonic()
     cluster.restart_scheduler(
         ext_url if mode == "phalanx" else None,
@@ -272,6 +290,10 @@ def one_round(
     result["cpu_ms_per_pod"] = {
         "kube-scheduler": 1000 * cpu_seconds(sched_pid) / max(1, bound),  # a fresh process per round
         "extender": 1000 * (cpu_seconds(ext_pid) - ext_cpu) / max(1, bound) if mode == "phalanx" else 0.0,
+    }
+    result["run_delay_ms_per_pod"] = {  # time the processes' threads waited for a core
+        "kube-scheduler": 1000 * run_delay_seconds(sched_pid) / max(1, bound),
+        "extender": 1000 * (run_delay_seconds(ext_pid) - ext_waited) / max(1, bound) if mode == "phalanx" else 0.0,
     }
     try:
         result["scheduler_ms"] = scheduler_means(cluster, scheduler)
@@ -294,20 +316,37 @@ def breakdown(r: dict[str, Any]) -> str:
     parts += [f"{p} {ms[p]:.2f}" for p in (*ALGORITHM_POINTS, "Reserve", "Permit", "PreBind", "Bind") if p in ms]
     if r["mode"] == "phalanx" and "scheduling_algorithm" in ms:
         calls = ms["scheduling_algorithm"] - inside
-        latency = r.get("latency") or {}
-        pods = max(1, r["bound"])
-        served = sum(
-            latency.get(f"{v}.server", {}).get("mean_ms", 0.0) * latency.get(f"{v}.server", {}).get("count", 0) / pods
-            for v in ("filter", "prioritize")
-        )
+        serial = serial_per_pod(r)
+        served = serial["server"]
         parts.append(f"extender calls (algorithm - framework) {calls:.2f}")
-        parts.append(f"of which in the extender's server {served:.2f} (filter + prioritize)")
+        parts.append(
+            f"of which in the extender's server {served:.2f} (filter + prioritize: the serving threads' own "
+            f"CPU {serial['cpu']:.2f}, waiting for a core {serial['queued']:.2f})"
+        )
         parts.append(f"outside it (client, transfer, kube-scheduler's encoding) {calls - served:.2f}")
     if "connections_per_pod" in r:
         parts.append(f"extender connections opened per pod {r['connections_per_pod']:.2f}")
     cpu = r["cpu_ms_per_pod"]
     parts.append(f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender {cpu['extender']:.2f}")
+    waited = r.get("run_delay_ms_per_pod") or {}
+    if waited:
+        who = ("kube-scheduler", "extender") if r["mode"] == "phalanx" else ("kube-scheduler",)
+        parts.append("waiting for a core/pod " + ", ".join(f"{w} {waited[w]:.2f}" for w in who))
     return f"round {r['mode']:8} mean ms per pod: " + ", ".join(parts)
+
+
+def serial_per_pod(r: dict[str, Any]) -> dict[str, float]:
+    """Per pod, the extender's time on kube-scheduler's serial cycle (filter and prioritize,
+    first byte to reply sent) and two of its parts: the serving threads' own CPU, and their wait
+    for a core (from before each request arrived: the wake-up for it counts)."""
+    latency = r.get("latency") or {}
+    pods = max(1, r["bound"])
+
+    def total(phase: str) -> float:
+        stats = [latency.get(f"{v}.{phase}", {}) for v in ("filter", "prioritize")]
+        return float(sum(s.get("mean_ms", 0.0) * s.get("count", 0) for s in stats))
+
+    return {phase: total(phase) / pods for phase in ("server", "cpu", "queued")}
 
 
 def paced_round(
@@ -545,10 +584,22 @@ def main() -> None:
             for mode in ("vanilla", "phalanx")
         },
     }
+    phalanx_rounds = [r for r in results if r["mode"] == "phalanx"]
+    headline["extender_serial_ms_per_pod"] = {
+        phase: round(median([serial_per_pod(r)[phase] for r in phalanx_rounds]), 3)
+        for phase in ("server", "cpu", "queued")
+    }
+    headline["run_delay_ms_per_pod"] = {
+        "kube-scheduler": {
+            mode: round(median([r["run_delay_ms_per_pod"]["kube-scheduler"] for r in results if r["mode"] == mode]), 3)
+            for mode in ("vanilla", "phalanx")
+        },
+        "extender": round(median([r["run_delay_ms_per_pod"]["extender"] for r in phalanx_rounds]), 3),
+    }
     if nodes == 5000:
         headline["ratio_5000"] = headline["ratio"]  # issue 14's second target, named as it names it
     lines.append(f"extender RSS {rss:.0f} MiB at the end, ready {ready_s:.1f} s after start")
-    kept = ("read", "decode", "work", "encode", "write")  # phases: in the printed lines only
+    kept = ("read", "decode", "work", "encode", "write", "cpu", "queued")  # phases: in the printed lines only
     for verb, s in paced["latency"].items():
         if not verb.endswith(kept):
             headline[f"{verb}_p50_ms"] = round(s["p50_ms"], 3)

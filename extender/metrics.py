@@ -160,7 +160,10 @@ class Metrics:
         self.phases = CallHistogram(
             "phalanx_extender_request_phase_seconds",
             "Extender verb calls split by phase: read (first byte to body read), decode (JSON), "
-            "work (the verb), encode (JSON), write (reply sent), server (first byte to reply sent).",
+            "work (the verb), encode (JSON), write (reply sent), server (first byte to reply sent); "
+            "cpu (the serving thread's own CPU from first byte to reply sent) and queued (its time "
+            "waiting for a core from before the request arrived to the reply sent: on a busy node, "
+            "what the extender lacks is CPU).",
             ["verb", "phase"],
             LATENCY_BUCKETS,
             self.registry,

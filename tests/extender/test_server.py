@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -117,6 +120,52 @@ def test_work_after_a_reply_that_fails_is_counted_and_the_connection_goes_on() -
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/thread-self/schedstat"), reason="the kernel keeps no run delay")
+def test_a_verbs_own_cpu_and_its_wait_for_a_core_are_timed_apart() -> None:
+    """A verb that runs 30 ms of its own CPU on a core a busy process shares: the call's `cpu`
+    phase holds those 30 ms, its `queued` phase the time the thread waited for the core (the
+    busy process takes its turns: about as long again, at least a few ms)."""
+    core = min(os.sched_getaffinity(0))
+    busy = subprocess.Popen([sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"])
+
+    def verb(args: dict[str, Any]) -> dict[str, Any]:
+        os.sched_setaffinity(0, {core})  # this thread only: it shares the busy process's core
+        began = time.thread_time()
+        while time.thread_time() - began < 0.030:
+            pass
+        return {"Error": ""}
+
+    metrics = Metrics()
+    server = Server(("127.0.0.1", 0), verbs={"filter": verb}, metrics=metrics, ready=lambda: True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not _on_core(busy.pid, core):
+            time.sleep(0.01)
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+        conn.request("POST", "/filter", body=b"{}", headers={"Content-Type": "application/json"})
+        assert conn.getresponse().status == 200
+        conn.close()
+        stats = metrics.percentiles()
+        cpu, queued = stats["filter.cpu"]["p50_ms"], stats["filter.queued"]["p50_ms"]
+        assert 30 <= cpu <= stats["filter.server"]["p50_ms"] + 1
+        assert queued >= 5, f"waited {queued:.1f} ms for a core it shared with a busy process"
+    finally:
+        busy.kill()
+        busy.wait()
+        server.shutdown()
+        server.server_close()
+
+
+def _on_core(pid: int, core: int) -> bool:
+    """The process runs pinned to `core` (its affinity is set once it has started)."""
+    try:
+        return os.sched_getaffinity(pid) == {core}
+    except OSError:
+        return False
 
 
 def test_filter_passes_pods_without_gpu_demand_through(ext: tuple[Extender, FakeKube]) -> None:
