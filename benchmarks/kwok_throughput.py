@@ -37,11 +37,19 @@ to reply sent, summed over filter and prioritize per pod, and the rest: kube-sch
 encoding, the transfer, and the wait for the extender's thread to run), the extender's time per
 verb split into read, decode, work, encode and write, the connections the extender accepted
 per pod (kube-scheduler keeps 2 idle per extender: a bind beyond them in flight opens one),
-and the CPU seconds the extender and kube-scheduler spend per pod (this is a 2-core machine:
-when their sum nears 2 x the pod interval, the processes wait for each other's CPU).
+and the CPU seconds the extender, kube-scheduler and kube-apiserver spend per pod (in vanilla
+rounds the extender runs too, watching pods and nodes: its CPU there is what it takes from the
+baseline).
 
-Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio, filter_p99_ms, nodes (with
-ratio_5000 too at 5,000 nodes), rss_mib, ready_s, and extender/kube-scheduler CPU ms per pod.
+How much of the gap is CPU contention (this is a 2-core machine, every process waits for a
+core): the kernel's run delay (/proc/PID/task/TID/schedstat), per pod, for kube-scheduler and
+the extender, and on kube-scheduler's serial cycle the extender's `cpu` and `queued` phases:
+the serving threads' own CPU, and their wait for a core from before each request arrived.
+
+Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio (median rounds), round_ratios
+(each round pair's), filter_p99_ms, nodes (with ratio_5000 too at 5,000 nodes), rss_mib,
+ready_s, extender/kube-scheduler CPU ms per pod, extender_watching_cpu_ms_per_pod,
+extender_serial_ms_per_pod (server, cpu, queued) and run_delay_ms_per_pod.
 
 `--memory` measures the extender at scale instead: N nodes (default 5,000) and M pods
 (default 50,000) already bound and Running (KWOK has marked every one) before it starts, 7 in 10
@@ -273,6 +281,8 @@ def one_round(
     connections = extender_connections(ext_url)
     ext_cpu = cpu_seconds(ext_pid)
     ext_waited = run_delay_seconds(ext_pid)
+    apiserver_pid = next(c.pid for c in cluster.status().components if c.name == "kube-apiserver")
+    apiserver_cpu = cpu_seconds(apiserver_pid)
     started = time.monotonic()
     cluster.restart_scheduler(
         ext_url if mode == "phalanx" else None,
@@ -289,11 +299,13 @@ def one_round(
     result["pods_per_s"] = rate(list(watch.bound.values()), pods) if bound == pods else 0.0
     result["cpu_ms_per_pod"] = {
         "kube-scheduler": 1000 * cpu_seconds(sched_pid) / max(1, bound),  # a fresh process per round
-        "extender": 1000 * (cpu_seconds(ext_pid) - ext_cpu) / max(1, bound) if mode == "phalanx" else 0.0,
+        # In vanilla rounds the extender only watches (pods, nodes): what it costs the baseline.
+        "extender": 1000 * (cpu_seconds(ext_pid) - ext_cpu) / max(1, bound),
+        "kube-apiserver": 1000 * (cpu_seconds(apiserver_pid) - apiserver_cpu) / max(1, bound),
     }
     result["run_delay_ms_per_pod"] = {  # time the processes' threads waited for a core
         "kube-scheduler": 1000 * run_delay_seconds(sched_pid) / max(1, bound),
-        "extender": 1000 * (run_delay_seconds(ext_pid) - ext_waited) / max(1, bound) if mode == "phalanx" else 0.0,
+        "extender": 1000 * (run_delay_seconds(ext_pid) - ext_waited) / max(1, bound),
     }
     try:
         result["scheduler_ms"] = scheduler_means(cluster, scheduler)
@@ -327,11 +339,14 @@ def breakdown(r: dict[str, Any]) -> str:
     if "connections_per_pod" in r:
         parts.append(f"extender connections opened per pod {r['connections_per_pod']:.2f}")
     cpu = r["cpu_ms_per_pod"]
-    parts.append(f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender {cpu['extender']:.2f}")
+    watching = " (watching only)" if r["mode"] == "vanilla" else ""
+    parts.append(
+        f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, extender{watching} {cpu['extender']:.2f}, "
+        f"kube-apiserver {cpu['kube-apiserver']:.2f}"
+    )
     waited = r.get("run_delay_ms_per_pod") or {}
     if waited:
-        who = ("kube-scheduler", "extender") if r["mode"] == "phalanx" else ("kube-scheduler",)
-        parts.append("waiting for a core/pod " + ", ".join(f"{w} {waited[w]:.2f}" for w in who))
+        parts.append("waiting for a core/pod " + ", ".join(f"{w} {v:.2f}" for w, v in waited.items()))
     return f"round {r['mode']:8} mean ms per pod: " + ", ".join(parts)
 
 
@@ -596,6 +611,15 @@ def main() -> None:
         },
         "extender": round(median([r["run_delay_ms_per_pod"]["extender"] for r in phalanx_rounds]), 3),
     }
+    # Each round pair's own ratio (a vanilla round, then a Phalanx one): how far one run's
+    # ratio moves on a machine whose speed drifts from minute to minute.
+    pairs = zip(results[0::2], results[1::2], strict=True)
+    headline["round_ratios"] = [
+        round(p["pods_per_s"] / v["pods_per_s"], 3) if v["pods_per_s"] else 0.0 for v, p in pairs
+    ]
+    headline["extender_watching_cpu_ms_per_pod"] = round(
+        median([r["cpu_ms_per_pod"]["extender"] for r in results if r["mode"] == "vanilla"]), 3
+    )
     if nodes == 5000:
         headline["ratio_5000"] = headline["ratio"]  # issue 14's second target, named as it names it
     lines.append(f"extender RSS {rss:.0f} MiB at the end, ready {ready_s:.1f} s after start")
