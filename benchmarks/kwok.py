@@ -16,7 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,40 @@ NS = "default"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclass(frozen=True)
+@dataclass
 class KwokSession:
     cluster: LocalCluster
     kube: RestKube
     ext_url: str  # the extender's base URL
     state: Path  # the control plane's state; the extender logs to state / "extender.log"
-    ext_pid: int = 0  # the extender process (its RSS, CPU time)
-    ready_s: float = 0.0  # extender start to /readyz 200
+    ext_pid: int = 0  # the extender process now (its RSS, CPU time); 0 while stopped
+    ready_s: float = 0.0  # extender start to /readyz 200 (the first start)
+    _start: Callable[[], subprocess.Popen[bytes]] | None = field(default=None, repr=False)
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def stop_extender(self) -> None:
+        """End the extender (a baseline round runs without it: its watches cost CPU)."""
+        if self._proc is not None:
+            _end(self._proc)
+            self._proc, self.ext_pid = None, 0
+
+    def start_extender(self) -> float:
+        """A fresh extender at the same URL, once stopped; seconds until it was ready."""
+        if self._proc is not None or self._start is None:
+            return 0.0
+        started = time.monotonic()
+        self._proc = self._start()
+        self.ext_pid = self._proc.pid
+        return time.monotonic() - started
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 @contextmanager
@@ -53,7 +79,7 @@ def kwok_session(
     cluster = LocalCluster(
         name, state_dir_path=state, options=ControlPlaneOptions(die_with_parent=True, controller_manager=False)
     )
-    ext = None
+    session = None
     try:
         cluster.up(nodes=False)
         cluster.create_nodes(nodes)
@@ -61,14 +87,19 @@ def kwok_session(
         if before_extender is not None:
             before_extender(kube)
         port = free_port()
-        started = time.monotonic()
-        ext = start_extender(cluster.kubeconfig_path, port, state / "extender.log", extender_nice, extender_config)
-        ready = time.monotonic() - started
-        yield KwokSession(cluster, kube, f"http://127.0.0.1:{port}", state, ext.pid, ready)
+        starts = iter(range(1_000_000))
+
+        def start() -> subprocess.Popen[bytes]:
+            n = next(starts)
+            log = state / ("extender.log" if n == 0 else f"extender.{n}.log")
+            return start_extender(cluster.kubeconfig_path, port, log, extender_nice, extender_config)
+
+        session = KwokSession(cluster, kube, f"http://127.0.0.1:{port}", state, _start=start)
+        session.ready_s = session.start_extender()
+        yield session
     finally:
-        if ext is not None:
-            ext.terminate()
-            ext.wait(10)
+        if session is not None:
+            session.stop_extender()
         cluster.down()
 
 
