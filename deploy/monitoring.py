@@ -199,6 +199,18 @@ ALERTS = (
         "Over half the free GPU share of {{ $labels.pool }} {{ $labels.model }} is stranded on partly used GPUs.",
     ),
     Alert(
+        "PhalanxExtenderStarved",
+        # kube-scheduler waits on filter and prioritize: time the extender's threads spend waiting
+        # for a core there lengthens every pod's scheduling cycle.
+        'sum(rate(phalanx_extender_request_phase_seconds_sum{verb=~"filter|prioritize",phase="queued"}[10m]))'
+        ' > 2 * sum(rate(phalanx_extender_request_phase_seconds_sum{verb=~"filter|prioritize",phase="cpu"}[10m]))'
+        ' and sum(rate(phalanx_extender_request_phase_seconds_count{verb="filter",phase="cpu"}[10m])) > 1',
+        "15m",
+        "warning",
+        "Filter and prioritize wait for a core more than twice as long as they run, for 15 minutes: the "
+        "extender lacks CPU, and every pod's scheduling cycle waits with it. Raise its CPU request.",
+    ),
+    Alert(
         "PhalanxNoLeader",
         "sum(phalanx_leading) < 1",
         "2m",
