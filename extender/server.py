@@ -559,9 +559,9 @@ class _Schedstat:
     def __init__(self) -> None:
         self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY | os.O_CLOEXEC)
 
-    def __del__(self) -> None:  # the thread ended (its thread-local state is dropped)
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:  # the thread ended
         with contextlib.suppress(OSError):
-            os.close(self.fd)
+            _close(self.fd)  # bound at definition: still there while the interpreter shuts down
 
 
 class _ThreadClock(threading.local):
