@@ -72,6 +72,7 @@ def kwok_session(
     before_extender: Callable[[RestKube], None] | None = None,
     extender_nice: int = 0,
     extender_config: Path | None = None,
+    extender_module: str = "extender",
 ) -> Iterator[KwokSession]:
     """A control plane with `nodes` KWOK nodes and a ready extender; `before_extender` runs first
     (e.g. installs a CRD the extender watches)."""
@@ -92,7 +93,7 @@ def kwok_session(
         def start() -> subprocess.Popen[bytes]:
             n = next(starts)
             log = state / ("extender.log" if n == 0 else f"extender.{n}.log")
-            return start_extender(cluster.kubeconfig_path, port, log, extender_nice, extender_config)
+            return start_extender(cluster.kubeconfig_path, port, log, extender_nice, extender_config, extender_module)
 
         session = KwokSession(cluster, kube, f"http://127.0.0.1:{port}", state, _start=start)
         session.ready_s = session.start_extender()
@@ -111,14 +112,16 @@ def http_json(method: str, url: str, kube: RestKube | None = None) -> Any:
 
 
 def start_extender(
-    kubeconfig: Path, port: int, log: Path, nice: int, config: Path | None = None
+    kubeconfig: Path, port: int, log: Path, nice: int, config: Path | None = None, module: str = "extender"
 ) -> subprocess.Popen[bytes]:
+    """The extender (or `module`, run as `python -m module` with the extender's arguments, e.g.
+    benchmarks.noop_extender) on `port`, once its /readyz answers 200."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     prefix = ["nice", "-n", str(nice)] if nice else []
     proc = subprocess.Popen(
         [
             *prefix,
-            *(sys.executable, "-m", "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)),
+            *(sys.executable, "-m", module, "--kubeconfig", str(kubeconfig), "--port", str(port)),
             *(("--config-file", str(config)) if config is not None else ()),
         ],
         stdout=log.open("wb"),

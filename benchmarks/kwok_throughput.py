@@ -53,7 +53,11 @@ the serving threads' own CPU, and their wait for a core from before each request
 Headline keys: vanilla_pods_per_s, phalanx_pods_per_s, ratio (median rounds), round_ratios
 (each round pair's), filter_p99_ms, nodes (with ratio_5000 too at 5,000 nodes), rss_mib,
 ready_s, extender/kube-scheduler CPU ms per pod, extender_serial_ms_per_pod (server, cpu,
-queued) and run_delay_ms_per_pod.
+queued), run_delay_ms_per_pod, and extender ("phalanx", or the floor).
+
+`--floor` runs benchmarks/noop_extender.py in place of Phalanx: the same HTTP server and
+Binding POST with no work of its own (no cache, no watch). Its ratio is what kube-scheduler's
+extender protocol on this server costs by itself; Phalanx's distance from it is its own work.
 
 `--memory` measures the extender at scale instead: N nodes (default 5,000) and M pods
 (default 50,000) already bound and Running (KWOK has marked every one) before it starts, 7 in 10
@@ -516,6 +520,12 @@ def main() -> None:
         action="store_true",
         help="keep the extender running (watching) through vanilla rounds, as runs did before 2026-11-27",
     )
+    ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="run benchmarks/noop_extender.py (the same HTTP server and Binding POST, no work) in place of "
+        "Phalanx: the most any extender on this server could reach here",
+    )
     ap.add_argument("--memory", action="store_true", help="RSS and start-up with many bound pods (see above)")
     args = ap.parse_args()
     if args.memory:
@@ -525,8 +535,9 @@ def main() -> None:
     pods = args.pods or (400 if args.quick else 2000)
     rounds = args.rounds or (1 if args.quick else 2)
     results: list[dict[str, Any]] = []
+    module = "benchmarks.noop_extender" if args.floor else "extender"
     with kwok_session(
-        "bench", nodes, extender_nice=args.extender_nice, extender_config=args.extender_config
+        "bench", nodes, extender_nice=args.extender_nice, extender_config=args.extender_config, extender_module=module
     ) as session:
         cluster, kube, ext_url = session.cluster, session.kube, session.ext_url
         for i in range(rounds):
@@ -573,6 +584,11 @@ def main() -> None:
             cur["p99_ms"] = max(cur["p99_ms"], stats["p99_ms"])
             cur["count"] += stats["count"]
     lines = [
+        *(
+            ["THE PROTOCOL'S FLOOR: the 'phalanx' rounds ran benchmarks/noop_extender.py, not Phalanx"]
+            if args.floor
+            else []
+        ),
         f"{nodes} KWOK nodes (8 GPUs each), {pods} pods per round (70 % 1-GPU, 30 % CPU-only), "
         f"{rounds} round(s) per mode, alternating; extender nice {args.extender_nice}; "
         f"percentageOfNodesToScore {args.percentage if args.percentage is not None else 'unset (adaptive)'}"
@@ -580,7 +596,7 @@ def main() -> None:
             f"; extender config {args.extender_config}: {args.extender_config.read_text().strip()!r}"
             if args.extender_config
             else ""
-        )
+        ),
     ]
     lines += [
         f"round {i // 2} {r['mode']:8} {r['pods_per_s']:8.1f} pods/s ({r['bound']}/{pods} bound)"
@@ -638,6 +654,7 @@ def main() -> None:
         headline["extender_watching_cpu_ms_per_pod"] = round(
             median([r["cpu_ms_per_pod"]["extender"] for r in results if r["mode"] == "vanilla"]), 3
         )
+    headline["extender"] = "floor (benchmarks/noop_extender.py)" if args.floor else "phalanx"
     if nodes == 5000:
         headline["ratio_5000"] = headline["ratio"]  # issue 14's second target, named as it names it
     lines.append(f"extender RSS {rss:.0f} MiB at the end, ready {ready_s:.1f} s after start")

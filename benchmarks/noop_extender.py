@@ -1,0 +1,87 @@
+"""The extender protocol's floor: what any extender on Phalanx's HTTP server costs kube-scheduler.
+
+A stand-in for the Phalanx extender in `kwok_throughput --floor`: the same HTTP server
+(extender/server.py, its verbs' timing phases included) and the same Binding POST
+(extender/binder.py, through the same client), with no work of its own: filter passes a pod
+requesting `nvidia.com/gpu` the first node it is offered (as Phalanx's `filter.sampleNodes: auto`
+does, so kube-scheduler calls prioritize for the same pods) and any other pod every node,
+prioritize scores nothing, preempt changes nothing. No cache, no watch, no devices, no gangs:
+the ratio it reaches is the most an extender on this server and this protocol could, on the same
+machine, and Phalanx's distance from it is what its own work costs.
+
+    python -m benchmarks.noop_extender --kubeconfig FILE --port N   (started by kwok_throughput)
+
+The REST API serves only `/api/v1/stats` (what the benchmark reads and resets), to any caller:
+it listens on loopback, for a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+import structlog
+
+from extender.auth import Access, Denied
+from extender.binder import Binder
+from extender.kube import RestKube
+from extender.metrics import Metrics
+from extender.server import Server
+
+GPU = "nvidia.com/gpu"
+
+
+def wants_gpu(pod: dict[str, Any]) -> bool:
+    """The pod requests (or limits) `nvidia.com/gpu` in a container."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        if GPU in (resources.get("limits") or {}) or GPU in (resources.get("requests") or {}):
+            return True
+    return False
+
+
+def filter_verb(args: dict[str, Any]) -> dict[str, Any]:
+    names = args.get("NodeNames") or []
+    passed = names[:1] if wants_gpu(args.get("Pod") or {}) else names
+    return {"NodeNames": passed, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
+
+
+class StatsOnly:
+    """The benchmark's reads and resets of /api/v1/stats, from anyone; nothing else."""
+
+    def check(self, authorization: str | None, access: Access) -> Denied | None:
+        return None if access.resource == "stats" else Denied(403, f"{access}: the floor extender serves stats only")
+
+
+def server(kube: RestKube, port: int) -> Server:
+    binder = Binder(kube)
+
+    def bind(args: dict[str, Any]) -> dict[str, Any]:
+        try:
+            binder.bind(str(args["PodNamespace"]), str(args["PodName"]), str(args["PodUID"]), str(args["Node"]), ())
+        except Exception as e:  # kube-scheduler reads the error and retries the pod
+            return {"Error": str(e)}
+        return {"Error": ""}
+
+    verbs = {
+        "filter": filter_verb,
+        "prioritize": lambda args: [],
+        "bind": bind,
+        "preempt": lambda args: {"NodeNameToMetaVictims": {}},
+    }
+    return Server(("127.0.0.1", port), verbs=verbs, metrics=Metrics(), ready=lambda: True, authorizer=StatsOnly())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--config-file", help="ignored (kwok_throughput passes what it passes the extender)")
+    args = ap.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    server(RestKube.from_kubeconfig(args.kubeconfig), args.port).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

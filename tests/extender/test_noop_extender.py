@@ -1,0 +1,56 @@
+"""benchmarks/noop_extender.py, the protocol's floor kwok_throughput --floor measures: its verbs
+answer as Phalanx's default cut does (a GPU pod one node, any other every node), and its REST API
+serves the benchmark's stats and nothing else."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from benchmarks.noop_extender import server
+from extender.server import Server
+from tests.extender.fakes import FakeKube, pod
+
+
+@pytest.fixture
+def floor() -> Iterator[Server]:
+    srv = server(FakeKube(), 0)  # type: ignore[arg-type]  # binds are not called here
+    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def call(srv: Server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body))
+        response = conn.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+    finally:
+        conn.close()
+
+
+def test_a_gpu_pod_gets_one_node_and_any_other_pod_every_node(floor: Server) -> None:
+    names = ["n0", "n1", "n2"]
+    status, reply = call(floor, "POST", "/filter", {"Pod": pod("g", gpus=1), "NodeNames": names})
+    assert status == 200 and reply["NodeNames"] == ["n0"]
+    status, reply = call(floor, "POST", "/filter", {"Pod": pod("c", gpus=0), "NodeNames": names})
+    assert status == 200 and reply["NodeNames"] == names
+    assert call(floor, "POST", "/prioritize", {"Pod": pod("c", gpus=0), "NodeNames": names}) == (200, [])
+
+
+def test_its_api_serves_the_stats_and_nothing_else(floor: Server) -> None:
+    assert call(floor, "DELETE", "/api/v1/stats")[0] == 200
+    assert call(floor, "POST", "/filter", {"Pod": pod("g", gpus=1), "NodeNames": ["n0"]})[0] == 200
+    status, stats = call(floor, "GET", "/api/v1/stats")
+    assert status == 200 and stats["latency"]["filter"]["count"] == 1
+    assert call(floor, "GET", "/api/v1/nodes")[0] in (403, 404)
