@@ -7,6 +7,7 @@ benchmarks need no cluster and do not import this module (STYLE: keep them apart
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -88,7 +89,7 @@ def kwok_session(
         if before_extender is not None:
             before_extender(kube)
         port = free_port()
-        starts = iter(range(1_000_000))
+        starts = itertools.count()
 
         def start() -> subprocess.Popen[bytes]:
             n = next(starts)

@@ -348,9 +348,10 @@ def breakdown(r: dict[str, Any]) -> str:
         parts.append(f"extender connections opened per pod {r['connections_per_pod']:.2f}")
     cpu = r["cpu_ms_per_pod"]
     running = r.get("extender_running", True)
-    extender = f"extender {cpu['extender']:.2f}" if r["mode"] == "phalanx" else "extender stopped"
-    if r["mode"] == "vanilla" and running:
-        extender = f"extender (watching only) {cpu['extender']:.2f}"
+    if r["mode"] == "phalanx":
+        extender = f"extender {cpu['extender']:.2f}"
+    else:
+        extender = f"extender (watching only) {cpu['extender']:.2f}" if running else "extender stopped"
     parts.append(
         f"CPU/pod kube-scheduler {cpu['kube-scheduler']:.2f}, {extender}, kube-apiserver {cpu['kube-apiserver']:.2f}"
     )

@@ -11,13 +11,14 @@ machine, and Phalanx's distance from it is what its own work costs.
 
     python -m benchmarks.noop_extender --kubeconfig FILE --port N   (started by kwok_throughput)
 
-The REST API serves only `/api/v1/stats` (what the benchmark reads and resets), to any caller:
-it listens on loopback, for a benchmark.
+The REST API serves only `/api/v1/stats` (what the benchmark reads and resets), to a caller
+presenting the token of the kubeconfig it was started with (the benchmark's own).
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import logging
 from typing import Any
 
@@ -48,10 +49,18 @@ def filter_verb(args: dict[str, Any]) -> dict[str, Any]:
 
 
 class StatsOnly:
-    """The benchmark's reads and resets of /api/v1/stats, from anyone; nothing else."""
+    """Reads and resets of /api/v1/stats by the holder of `authorization` (the header its
+    kubeconfig's credentials make; None: a kubeconfig without a token, every caller refused)."""
+
+    def __init__(self, authorization: str | None) -> None:
+        self.authorization = authorization
 
     def check(self, authorization: str | None, access: Access) -> Denied | None:
-        return None if access.resource == "stats" else Denied(403, f"{access}: the floor extender serves stats only")
+        if access.resource != "stats":
+            return Denied(403, f"{access}: the floor extender serves stats only")
+        if not (self.authorization and authorization and hmac.compare_digest(authorization, self.authorization)):
+            return Denied(401, "the floor extender's stats need the token it was started with")
+        return None
 
 
 def server(kube: RestKube, port: int) -> Server:
@@ -70,7 +79,8 @@ def server(kube: RestKube, port: int) -> Server:
         "bind": bind,
         "preempt": lambda args: {"NodeNameToMetaVictims": {}},
     }
-    return Server(("127.0.0.1", port), verbs=verbs, metrics=Metrics(), ready=lambda: True, authorizer=StatsOnly())
+    stats = StatsOnly(kube.headers.get("Authorization"))
+    return Server(("127.0.0.1", port), verbs=verbs, metrics=Metrics(), ready=lambda: True, authorizer=stats)
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """benchmarks/noop_extender.py, the protocol's floor kwok_throughput --floor measures: its verbs
 answer as Phalanx's default cut does (a GPU pod one node, any other every node), and its REST API
-serves the benchmark's stats and nothing else."""
+serves the benchmark's stats, to the holder of its kubeconfig's token, and nothing else."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import http.client
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -16,10 +16,18 @@ from benchmarks.noop_extender import server
 from extender.server import Server
 from tests.extender.fakes import FakeKube, pod
 
+TOKEN = "Bearer floor-token"
+
+
+class TokenKube(FakeKube):
+    """The headers a kubeconfig with a token gives (binds are not called here)."""
+
+    headers: ClassVar[dict[str, str]] = {"Authorization": TOKEN}
+
 
 @pytest.fixture
 def floor() -> Iterator[Server]:
-    srv = server(FakeKube(), 0)  # type: ignore[arg-type]  # binds are not called here
+    srv = server(TokenKube(), 0)  # type: ignore[arg-type]
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -29,10 +37,11 @@ def floor() -> Iterator[Server]:
         srv.server_close()
 
 
-def call(srv: Server, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+def call(srv: Server, method: str, path: str, body: Any = None, token: str = TOKEN) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", srv.server_address[1], timeout=10)
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body))
+        headers = {"Authorization": token} if token else {}
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
         response = conn.getresponse()
         return response.status, json.loads(response.read() or b"null")
     finally:
@@ -48,7 +57,9 @@ def test_a_gpu_pod_gets_one_node_and_any_other_pod_every_node(floor: Server) -> 
     assert call(floor, "POST", "/prioritize", {"Pod": pod("c", gpus=0), "NodeNames": names}) == (200, [])
 
 
-def test_its_api_serves_the_stats_and_nothing_else(floor: Server) -> None:
+def test_its_api_serves_the_stats_to_its_tokens_holder_and_nothing_else(floor: Server) -> None:
+    assert call(floor, "DELETE", "/api/v1/stats", token="")[0] == 401
+    assert call(floor, "DELETE", "/api/v1/stats", token="Bearer another")[0] == 401
     assert call(floor, "DELETE", "/api/v1/stats")[0] == 200
     assert call(floor, "POST", "/filter", {"Pod": pod("g", gpus=1), "NodeNames": ["n0"]})[0] == 200
     status, stats = call(floor, "GET", "/api/v1/stats")
