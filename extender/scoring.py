@@ -14,6 +14,7 @@ stays small when most nodes look alike.
 
 from __future__ import annotations
 
+import math
 from itertools import compress, islice, repeat
 from operator import eq
 
@@ -55,6 +56,17 @@ def fragmentation_lead(deltas: dict[str, float], tiers: dict[str, int]) -> str:
         return min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))
     least = min(deltas.values())  # the common case (no packing preference here), in C-speed passes
     return min(compress(deltas, map(eq, repeat(least), deltas.values())))
+
+
+def untiered_lead(names: list[str], values: list[float]) -> str | None:
+    """The node `fragmentation_lead` picks without tiers, from each name's growth (`values`, one
+    per name, inf where it does not fit) instead of a map of the finite ones: the least growth,
+    then the first name; None when no node fits. A filter's cut to one node, in two C-speed
+    passes over the names."""
+    least = min(values, default=math.inf)
+    if least == math.inf:
+        return None
+    return min(compress(names, map(eq, repeat(least), values)))
 
 
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:

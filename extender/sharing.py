@@ -257,6 +257,11 @@ class Sharing:
 
     # ------------------------------------------------------------------ prioritize
 
+    def tiered(self) -> bool:
+        """Whether `tiers` may rank any node now (a packing plan or model pools exist); when not,
+        every node is in tier 0 and callers need not list the nodes for it."""
+        return self.enabled and (self._packer is not None or self._pools is not None)
+
     def tiers(self, names: list[str], shape: PodShape, model_of: Callable[[str], Node | None]) -> dict[str, int]:
         """The packing plan's preference per node (absent: 0): `JOINS`, `OPENS` or
         `EATS_RESERVATION`, and `TRESPASSES` above all for a GPU pod on the nodes of model

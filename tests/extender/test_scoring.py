@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
-from extender.scoring import best, fragmentation_lead, fragmentation_scores
+from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead
 from extender.scoring import score_band as _band
 
 
@@ -52,3 +53,16 @@ def test_the_lead_is_the_one_node_scored_highest(seed: int) -> None:
     tiers = {n: rnd.choice([0, 1]) for n in names if rnd.random() < 0.5} if seed % 2 else {}
     scores = fragmentation_scores(deltas, tiers, by_name=True)
     assert best(names, scores, 1) == [fragmentation_lead(deltas, tiers)]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_untiered_lead_is_fragmentation_leads(seed: int) -> None:
+    """filter's cut to one node without packing tiers reads each name's growth in a list, inf
+    where it does not fit, repeats included (a client may send them): it must pick the node
+    `fragmentation_lead` picks from the map of the finite ones, or none when none fits."""
+    rnd = random.Random(seed)
+    names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
+    growth = {n: rnd.choice([0.0, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
+    values = [growth[n] for n in names]
+    deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
+    assert untiered_lead(names, values) == (fragmentation_lead(deltas, {}) if deltas else None)
