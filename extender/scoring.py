@@ -69,6 +69,22 @@ def untiered_lead(names: list[str], values: list[float]) -> str | None:
     return min(compress(names, map(eq, repeat(least), values)))
 
 
+def untiered_scores(names: list[str], values: list[float]) -> dict[str, int]:
+    """`fragmentation_scores(deltas, {}, by_name=False)` from each name's growth (`values`, one
+    per name, inf where it does not fit) instead of a map of the finite ones, the same scores
+    in the same order: a prioritize of a pod without GPUs in C-speed passes over the names,
+    with Python's work only per distinct growth (a few node states)."""
+    finite = set(values)
+    finite.discard(math.inf)
+    if len(finite) <= 1:
+        return {}  # no node stands out (or none fits)
+    band = score_band(finite, 5, 9)
+    band[min(finite)] = 10  # the leaders: every node of the least growth
+    floor = min(band.values())
+    shifted = {d: b - floor for d, b in band.items() if b > floor}
+    return dict(compress(zip(names, map(shifted.get, values), strict=True), map(shifted.__contains__, values)))
+
+
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:
     """Scores low..high for fragmentation deltas, the least growth highest, linear between."""
     best, worst = min(values), max(values)

@@ -43,7 +43,7 @@ from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Then, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from extender.queues import QueueBook
-from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead
+from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead, untiered_scores
 from extender.sharing import Sharing
 from solver import (
     DeviceAssignment,
@@ -492,9 +492,12 @@ class Verbs:
                 values = list(map(known.get, names, repeat(math.inf)))  # inf: not in the cache
             else:
                 values = cast("list[float]", found)  # every name measured before
-        if lead_only and by_name and not self.sharing.tiered():
-            lead = untiered_lead(names, values)  # no map of the deltas built: two passes less
-            return {lead: 1} if lead is not None else {}
+        if not self.sharing.tiered():  # no map of the deltas built: Python's work per node goes
+            if lead_only and by_name:
+                lead = untiered_lead(names, values)
+                return {lead: 1} if lead is not None else {}
+            if not by_name:
+                return untiered_scores(names, values)
         deltas = dict(compress(zip(names, values, strict=True), map(ne, repeat(math.inf), values)))
         if not deltas:
             return {}

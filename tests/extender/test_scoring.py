@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead
+from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead, untiered_scores
 from extender.scoring import score_band as _band
 
 
@@ -66,3 +66,17 @@ def test_the_untiered_lead_is_fragmentation_leads(seed: int) -> None:
     values = [growth[n] for n in names]
     deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
     assert untiered_lead(names, values) == (fragmentation_lead(deltas, {}) if deltas else None)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_untiered_scores_are_fragmentation_scores(seed: int) -> None:
+    """prioritize of a pod without GPUs, without packing tiers, scores from the list of each
+    name's growth: the same scores as `fragmentation_scores` of the map of the finite ones, in
+    the same order (the reply's)."""
+    rnd = random.Random(seed)
+    names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
+    growth = {n: rnd.choice([0.0, 0.25, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
+    values = [growth[n] for n in names]
+    deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
+    want = fragmentation_scores(deltas, {}, by_name=False)
+    assert list(untiered_scores(names, values).items()) == list(want.items())
