@@ -82,7 +82,8 @@ def untiered_scores(names: list[str], values: list[float]) -> dict[str, int]:
     band[min(finite)] = 10  # the leaders: every node of the least growth
     floor = min(band.values())
     shifted = {d: b - floor for d, b in band.items() if b > floor}
-    return dict(compress(zip(names, map(shifted.get, values), strict=True), map(shifted.__contains__, values)))
+    scored = list(map(shifted.__contains__, values))
+    return dict(zip(compress(names, scored), map(shifted.__getitem__, compress(values, scored)), strict=True))
 
 
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:
