@@ -19,7 +19,9 @@ Filter's time is the verb call alone (the refresh runs between calls here; in th
 runs on its own thread and takes its share of the GIL, reported as refresh time per mode): up to
 its reply (what kube-scheduler's serial cycle waits for; the request decoded first, untimed, as
 the server does) and, for a GPU pod, its device choice, which the server makes after the reply
-is sent. `filter_p50_ms`/`filter_p99_ms` are the two together, as before 2026-11-27.
+is sent. `filter_p50_ms`/`filter_p99_ms` are the two together, as before 2026-11-27. A pod
+without GPUs keeps the nodes kube-scheduler would score, so its prioritize over them is timed
+too (`prioritize_p50_ms`).
 Percentiles over the calls after the first third (warm-up: every node's first measurement).
 
 `--cold` empties the CPU caches before each call (a 64 MiB array walked), as the other
@@ -29,7 +31,7 @@ CPU per call is this figure, about three times the hot one.
     python -m benchmarks.filter_tail [--quick] [--nodes N] [--pods N] [--cold] [--no-record]
 
 Headline keys: filter_p50_ms, filter_p99_ms (sweep mode, reply and choice), reply_p50_ms,
-reply_p99_ms, choice_p50_ms (sweep mode, GPU pods), filter_p99_filter_measures_ms,
+reply_p99_ms, choice_p50_ms (sweep mode, GPU pods), prioritize_p50_ms, filter_p99_filter_measures_ms,
 refresh_max_ms, nodes, pods, cold.
 """
 
@@ -76,12 +78,13 @@ def pod(name: str, gpu: bool) -> dict[str, Any]:
 @dataclass
 class Times:
     """One mode's figures (ms) after warm-up (the first third of the stream, every node's first
-    measurement): filter (reply and choice), its reply alone, the choice alone (GPU pods); and
-    every refresh."""
+    measurement): filter (reply and choice), its reply alone, the choice alone (GPU pods),
+    prioritize (pods without GPUs, over the nodes their filter passed); and every refresh."""
 
     filters: list[float] = field(default_factory=list)
     replies: list[float] = field(default_factory=list)
     choices: list[float] = field(default_factory=list)
+    prioritizes: list[float] = field(default_factory=list)
     refreshes: list[float] = field(default_factory=list)
 
 
@@ -126,6 +129,15 @@ def stream(nodes: int, pods: int, *, sweep: bool, cold: bool = False, seed: int 
             times.replies.append((replied - began) * 1000)
             times.filters.append((replied - began + choice) * 1000)
         chosen = cast("dict[str, Any]", answer)["NodeNames"]
+        if len(chosen) > 1:  # kube-scheduler scores what passed: prioritize (a pod without GPUs)
+            request = orjson.dumps({"Pod": obj, "NodeNames": chosen})
+            if evict is not None:
+                evict.sum()
+            args = orjson.loads(request)
+            began = time.perf_counter()
+            verbs.prioritize(args)
+            if warm:
+                times.prioritizes.append((time.perf_counter() - began) * 1000)
         name = obj["metadata"]["name"]
         if verbs.bind({"PodNamespace": "r", "PodName": name, "PodUID": name, "Node": chosen[0]})["Error"]:
             raise RuntimeError(f"bind of {name} to {chosen[0]} refused")
@@ -168,7 +180,8 @@ def main() -> None:
         )
         lines.append(
             f"{'':18} of which the reply p50 {pct(t.replies, 0.5):.3f} ms  p99 {pct(t.replies, 0.99):.2f} ms, "
-            f"a GPU pod's device choice after it p50 {pct(t.choices, 0.5):.3f} ms ({len(t.choices)} calls)"
+            f"a GPU pod's device choice after it p50 {pct(t.choices, 0.5):.3f} ms ({len(t.choices)} calls); "
+            f"prioritize (pods without GPUs) p50 {pct(t.prioritizes, 0.5):.3f} ms ({len(t.prioritizes)} calls)"
         )
     sweep, measures = figures["sweep re-measures"], figures["filter measures"]
     headline = {
@@ -177,6 +190,7 @@ def main() -> None:
         "reply_p50_ms": round(pct(sweep.replies, 0.5), 3),
         "reply_p99_ms": round(pct(sweep.replies, 0.99), 3),
         "choice_p50_ms": round(pct(sweep.choices, 0.5), 3),
+        "prioritize_p50_ms": round(pct(sweep.prioritizes, 0.5), 3),
         "filter_p99_filter_measures_ms": round(pct(measures.filters, 0.99), 3),
         "refresh_max_ms": round(max(sweep.refreshes), 1),
         "nodes": nodes,
