@@ -154,6 +154,8 @@ def stream(nodes: int, pods: int, *, sweep: bool, cold: bool = False, seed: int 
 
 
 def pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0  # none timed (a stream too short for that kind of call)
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
