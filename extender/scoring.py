@@ -15,6 +15,7 @@ stays small when most nodes look alike.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable
 from itertools import compress, islice, repeat
 from operator import eq
 
@@ -54,11 +55,12 @@ def fragmentation_lead(deltas: dict[str, float], tiers: dict[str, int]) -> str:
     if tiers:
         tier = tiers.get
         return min(deltas, key=lambda n: (-tier(n, 0), deltas[n], n))
-    least = min(deltas.values())  # the common case (no packing preference here), in C-speed passes
-    return min(compress(deltas, map(eq, repeat(least), deltas.values())))
+    lead = untiered_lead(deltas, deltas.values())  # the common case (no packing preference here)
+    assert lead is not None  # `deltas`: finite growth, not empty
+    return lead
 
 
-def untiered_lead(names: list[str], values: list[float]) -> str | None:
+def untiered_lead(names: Iterable[str], values: Collection[float]) -> str | None:
     """The node `fragmentation_lead` picks without tiers, from each name's growth (`values`, one
     per name, inf where it does not fit) instead of a map of the finite ones: the least growth,
     then the first name; None when no node fits. A filter's cut to one node, in two C-speed

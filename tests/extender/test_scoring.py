@@ -56,16 +56,18 @@ def test_the_lead_is_the_one_node_scored_highest(seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(200))
-def test_the_untiered_lead_is_fragmentation_leads(seed: int) -> None:
-    """filter's cut to one node without packing tiers reads each name's growth in a list, inf
-    where it does not fit, repeats included (a client may send them): it must pick the node
-    `fragmentation_lead` picks from the map of the finite ones, or none when none fits."""
+def test_the_untiered_lead_is_the_least_growth_then_the_first_name(seed: int) -> None:
+    """filter's cut to one node without packing tiers (and `fragmentation_lead` without tiers)
+    reads each name's growth in a list, inf where it does not fit, repeats included (a client
+    may send them): the least growth, then the first name, or none when none fits."""
     rnd = random.Random(seed)
     names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
     growth = {n: rnd.choice([0.0, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
     values = [growth[n] for n in names]
-    deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
-    assert untiered_lead(names, values) == (fragmentation_lead(deltas, {}) if deltas else None)
+    finite = [n for n, v in zip(names, values, strict=True) if v != math.inf]
+    least = min((growth[n] for n in finite), default=math.inf)
+    want = min((n for n in finite if growth[n] == least), default=None)  # by hand: least, then name
+    assert untiered_lead(names, values) == want
 
 
 @pytest.mark.parametrize("seed", range(200))
