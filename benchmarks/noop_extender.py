@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from extender import wire
 from extender.auth import Access, Denied
 from extender.binder import Binder
 from extender.kube import RestKube
@@ -43,8 +44,8 @@ def wants_gpu(pod: dict[str, Any]) -> bool:
 
 
 def filter_verb(args: dict[str, Any]) -> dict[str, Any]:
-    names = args.get("NodeNames") or []
-    passed = names[:1] if wants_gpu(args.get("Pod") or {}) else names
+    names = wire.node_names(args)  # malformed requests get Phalanx's 400s, not an internal error
+    passed = names[:1] if wants_gpu(wire.check_pod(args.get("Pod"))) else names
     return {"NodeNames": passed, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
 
 
@@ -67,8 +68,9 @@ def server(kube: RestKube, port: int) -> Server:
     binder = Binder(kube)
 
     def bind(args: dict[str, Any]) -> dict[str, Any]:
+        checked = wire.bind_args(args)  # the names go into an API path: Kubernetes' grammar, or a 400
         try:
-            binder.bind(str(args["PodNamespace"]), str(args["PodName"]), str(args["PodUID"]), str(args["Node"]), ())
+            binder.bind(checked.namespace, checked.name, checked.uid, checked.node, ())
         except Exception as e:  # kube-scheduler reads the error and retries the pod
             return {"Error": str(e)}
         return {"Error": ""}

@@ -65,3 +65,19 @@ def test_its_api_serves_the_stats_to_its_tokens_holder_and_nothing_else(floor: S
     status, stats = call(floor, "GET", "/api/v1/stats")
     assert status == 200 and stats["latency"]["filter"]["count"] == 1
     assert call(floor, "GET", "/api/v1/nodes")[0] in (403, 404)
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "fragment"),
+    [
+        ("filter", {"Pod": pod("g", gpus=1), "NodeNames": 3}, "NodeNames"),
+        ("filter", {"Pod": [], "NodeNames": ["n0"]}, "Pod"),
+        ("bind", {"PodNamespace": "default", "PodName": "../../nodes/n0", "PodUID": "u", "Node": "n0"}, "PodName"),
+        ("bind", {"PodNamespace": "default", "PodName": "p"}, "PodUID"),
+    ],
+)
+def test_a_malformed_call_gets_a_400_naming_the_field(floor: Server, verb: str, body: Any, fragment: str) -> None:
+    """Bad input gets Phalanx's own checks (extender/wire.py), never an internal error, and a
+    bind's names reach no API path unchecked."""
+    status, reply = call(floor, "POST", f"/{verb}", body)
+    assert status == 400 and fragment in reply["Error"]
