@@ -42,13 +42,14 @@ from dataclasses import dataclass, replace
 import structlog
 
 from extender.config import GpuConfig
-from extender.objects import JSON, NodeInfo, PodInfo, node_info, pod_info, spec_hash
+from extender.objects import JSON, NodeInfo, PodInfo, bound_pod_info, node_info, pod_info, spec_hash
 from extender.pools import Hardware, Pool
 from solver import (
     FULL_SHARE,
     ClusterSnapshot,
     DeviceAssignment,
     DeviceState,
+    GpuDevice,
     GpuKind,
     Node,
     NodeName,
@@ -181,7 +182,8 @@ class Cache:
         old = self._pods.get(meta.get("uid", ""))
         if old is not None and _same_but_status(old, obj) and self._apply_status(old, obj):
             return
-        info = pod_info(obj)  # parsed outside the lock
+        bound = bound_pod_info(old, obj) if old is not None else None  # its bind's event: a few fields
+        info = bound or pod_info(obj)  # parsed outside the lock
         with self._lock:
             self._set_pod(info)
 
@@ -419,6 +421,11 @@ class Cache:
         with self._lock:
             return list(self._nodes.values())
 
+    def node_info(self, name: str) -> NodeInfo | None:
+        """What the cache keeps of one node but its usage (labels, taints, cordon): read as
+        it is, where `node_model` would build the usage too, O(its pods), after every change."""
+        return self._nodes.get(name)
+
     def node_annotation(self, name: str, key: str) -> str:
         """One annotation of a Node as last seen ("" when absent or the node is unknown)."""
         raw = self._raw_nodes.get(name)
@@ -544,7 +551,8 @@ class Cache:
     def _build(self, info: NodeInfo, exclude: set[str] | frozenset[str] = frozenset()) -> Node:
         used_cpu = used_mem = used_pods = 0
         used_ext: dict[str, int] = {}
-        devices = {d.index: DeviceState.of(d) for d in info.devices}
+        gpus = {g.index: g for g in info.devices}  # one device per index, the last, as read
+        devices: dict[int, DeviceState] = {}  # those some pod takes from; the others stay as read
         unplaced: list[PodInfo] = []
         for uid in sorted(self._on_node.get(info.name, set()) - exclude):
             pod = self._pods.get(uid)
@@ -562,8 +570,12 @@ class Cache:
             assigned = self._assigned(uid)
             if assigned is not None:
                 for d in assigned:
-                    if d.index in devices:
-                        devices[d.index].consume(d)
+                    state = devices.get(d.index)
+                    if state is None:
+                        if d.index not in gpus:
+                            continue  # a record naming a device the node does not have
+                        state = devices[d.index] = DeviceState.of(gpus[d.index])
+                    state.consume(d)
             elif pod is not None and pod.demand.kind is not GpuKind.NONE:
                 unplaced.append(pod)
         node = Node(
@@ -573,7 +585,10 @@ class Cache:
             labels=info.labels,
             taints=info.taints,
             topology=info.topology,
-            gpus=tuple(d.freeze() for d in devices.values()),
+            gpus=tuple(
+                devices[i].freeze() if i in devices else g if _settled(g) else DeviceState.of(g).freeze()
+                for i, g in gpus.items()
+            ),
             unschedulable=info.unschedulable,
         )
         return _infer_devices(node, unplaced) if unplaced else node
@@ -618,6 +633,18 @@ def _counts_alike(old: PodInfo | None, assumed: Assumed | None, new: PodInfo) ->
         return False
     before = (assumed.node, assumed.devices) if assumed is not None else (old.node, old.devices)
     return before[0] == new.node and before[1] is not None and before[1] == new.devices
+
+
+def _settled(gpu: GpuDevice) -> bool:
+    """Whether `gpu` is as `DeviceState.of(gpu).freeze()` would leave it (nothing free below
+    0, as a hostile label can make it; no MIG profile twice): then a device no pod takes is
+    used as read, not rebuilt."""
+    return (
+        gpu.free_milli >= 0
+        and gpu.free_memory_mib >= 0
+        and gpu.free_tflops >= 0
+        and (not gpu.mig or (all(s.free >= 0 for s in gpu.mig) and len({s.profile for s in gpu.mig}) == len(gpu.mig)))
+    )
 
 
 def _same_but_status(old: PodInfo, obj: JSON) -> bool:

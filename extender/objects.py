@@ -20,7 +20,7 @@ slices are the ones that exist, and model and memory are the device's own.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -292,6 +292,54 @@ def pod_info(obj: JSON) -> PodInfo:
         prefers=scored_preferences(spec),
         obj=obj if meta.get("ownerReferences") else {},  # RI gang keys read owned pods only
         spec_hash=spec_hash(spec),
+    )
+
+
+def bound_pod_info(old: PodInfo, obj: JSON) -> PodInfo | None:
+    """`pod_info(obj)` without reading the pod again, when `obj` is the pending pod `old` has
+    read, now bound: its node set, its device record maybe added, its status moved, and
+    nothing else (labels, other annotations, owners, the rest of the spec). A bound pod's
+    event is one of every pod's few, and the full reading is most of its cost (issue 14).
+    None when anything else moved: the caller reads it whole."""
+    meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
+    node = spec.get("nodeName")
+    if old.node or not node or not isinstance(node, str) or not old.spec_hash:
+        return None
+    annotations = meta.get("annotations") or {}
+    if (meta.get("labels") or {}) != old.labels or meta.get("creationTimestamp", "") != old.created:
+        return None
+    if not isinstance(annotations, dict) or _but_devices(annotations) != _but_devices(old.annotations):
+        return None
+    if owner_refs(meta) != old.owners or spec_hash({k: v for k, v in spec.items() if k != "nodeName"}) != old.spec_hash:
+        return None
+    status = obj.get("status") or {}
+    phase, version, nominated = (
+        status.get("phase", "Pending"),
+        meta.get("resourceVersion"),
+        status.get("nominatedNodeName"),
+    )
+    if not isinstance(phase, str):
+        return None
+    devices, device_error = _record(annotations.get(DEVICES_ANNOTATION), old.demand, True)
+    return replace(
+        old,
+        node=node,
+        phase=phase,
+        devices=devices,
+        device_error=device_error,
+        annotations=annotations,
+        nominated=_text(nominated),
+        resource_version=_text(version),
+        spec_hash=spec_hash(spec),
+        obj=obj if meta.get("ownerReferences") else {},
+    )
+
+
+def _but_devices(annotations: dict[str, Any]) -> dict[str, Any]:
+    return (
+        {k: v for k, v in annotations.items() if k != DEVICES_ANNOTATION}
+        if DEVICES_ANNOTATION in annotations
+        else annotations
     )
 
 

@@ -58,6 +58,7 @@ from solver import (
 # once only when the mix has moved this far (total variation distance), since recomputing a
 # shape on every node costs 30-60 us per node on the next prioritize.
 MEMO_DRIFT = 0.05
+CHOSEN_STATES = 4096  # node states whose device choice `Sharing._take` keeps (then starts over)
 
 # Packing tiers of a node for one pod (absent: 0).
 JOINS = 2  # a device there awaits this pod's share size
@@ -96,6 +97,12 @@ class Sharing:
         self._stale: dict[str, set[int]] = {}  # node -> devices to re-adopt from their contents
         self._events = 0  # bumps on every device the packer is told of and every pod that leaves one
         self._pools: Pools | None = None  # None while no pod is confined to some models
+        # `_take`'s choices per node state, for the target workload they were made against:
+        # one tuple, read and replaced whole.
+        self._chosen: tuple[tuple[WorkloadClass, ...] | None, dict[object, tuple[DeviceAssignment, ...] | None]] = (
+            None,
+            {},
+        )
         cache.on_pod_change(self.pod_changed)
 
     # ------------------------------------------------------------------ workload
@@ -341,7 +348,7 @@ class Sharing:
             self.settle()
             size = self.planned_size(shape)
             lead = self._lead(node, shape, size) if size else ()
-        devices = NodeState(node).take(shape, spread=spread, workload=workload, lead=lead)
+        devices = self._take(node, shape, spread, workload, lead)
         if devices and self._pools is not None:
             self._pools_placed(str(node.name), shape, devices)
         if devices and size:
@@ -351,6 +358,30 @@ class Sharing:
                 if self._packer is not None:
                     self._packer.placed(node.name, index, size, fresh=fresh)
                     self._events += 1
+        return devices
+
+    def _take(
+        self,
+        node: Node,
+        shape: PodShape,
+        spread: bool,
+        workload: tuple[WorkloadClass, ...],
+        lead: tuple[int, ...],
+    ) -> tuple[DeviceAssignment, ...] | None:
+        """`NodeState.take` on `node`, once per node state: what it chooses depends only on the
+        node's free capacity and devices, the shape, the workload and the lead, and most nodes
+        of a cluster are in one of a few states (empty, k devices taken by pods alike). The
+        measure and the node's rebuild it makes cost more than the lookup (issue 14)."""
+        against, table = self._chosen
+        if against is not workload:
+            table = {}
+            self._chosen = (workload, table)
+        key = (node.free, node.gpus, shape, spread, lead)
+        if key in table:
+            return table[key]
+        if len(table) >= CHOSEN_STATES:
+            table.clear()
+        devices = table[key] = NodeState(node).take(shape, spread=spread, workload=workload, lead=lead)
         return devices
 
     def _pools_placed(self, node: str, shape: PodShape, devices: tuple[DeviceAssignment, ...]) -> None:
