@@ -421,11 +421,6 @@ class Cache:
         with self._lock:
             return list(self._nodes.values())
 
-    def node_info(self, name: str) -> NodeInfo | None:
-        """What the cache keeps of one node but its usage (labels, taints, cordon): read as
-        it is, where `node_model` would build the usage too, O(its pods), after every change."""
-        return self._nodes.get(name)
-
     def node_annotation(self, name: str, key: str) -> str:
         """One annotation of a Node as last seen ("" when absent or the node is unknown)."""
         raw = self._raw_nodes.get(name)

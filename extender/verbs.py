@@ -699,18 +699,21 @@ class Verbs:
         filters apply included (cordon, selector, required affinity, taints)."""
         if pod.error:
             return f"{INVALID_REQUEST}: {pod.error}"
-        info = self.cache.node_info(node)  # the node's rules, not its usage: devices are chosen next
-        if info is None:
+        # The whole model, though only its rules are read here: built now, off kube-scheduler's
+        # serial cycle, it is the one the next filter's check of this node finds (the watch's
+        # confirmation of this bind leaves the node's version as it is).
+        model = self.cache.node_model(node)
+        if model is None:
             return f"{NOT_IN_CACHE}: {node}"
         placement = orjson.loads(pod.placement) if pod.placement else {}
-        if info.unschedulable and not matches(node, info.labels, [CORDON], placement):
+        if model.unschedulable and not matches(node, model.labels, [CORDON], placement):
             return f"node {node} is cordoned"  # unless the pod tolerates it, as NodeUnschedulable says
-        if not matches(node, info.labels, taints(info.taints), placement):
+        if not matches(node, model.labels, taints(model.taints), placement):
             return f"node {node} does not match the pod's node selector, required affinity or tolerations"
         ask = self._ask(pod)
         if ask.error:
             return ask.error
-        if ask.pool is not None and not ask.pool.contains(node, info.labels):
+        if ask.pool is not None and not ask.pool.contains(node, model.labels):
             return f"{NOT_IN_POOL} {ask.pool.name}"
         return ""
 
