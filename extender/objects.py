@@ -308,6 +308,8 @@ def bound_pod_info(old: PodInfo, obj: JSON) -> PodInfo | None:
     annotations = meta.get("annotations") or {}
     if (meta.get("labels") or {}) != old.labels or meta.get("creationTimestamp", "") != old.created:
         return None
+    if (_text(meta.get("name")), _text(meta.get("namespace"))) != (old.name, old.namespace):
+        return None
     if not isinstance(annotations, dict) or _but_devices(annotations) != _but_devices(old.annotations):
         return None
     if owner_refs(meta) != old.owners or spec_hash({k: v for k, v in spec.items() if k != "nodeName"}) != old.spec_hash:

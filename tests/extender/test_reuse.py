@@ -119,6 +119,7 @@ def test_a_bind_event_that_moved_anything_else_is_read_whole() -> None:
         lambda o: o["metadata"]["annotations"].update({NODE_POOLS_ANNOTATION: "other"}),
         lambda o: o["metadata"].update(ownerReferences=[{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "u"}]),
         lambda o: o["metadata"].update(creationTimestamp="2027-01-01T00:00:00Z"),
+        lambda o: o["metadata"].update(name="other"),
         lambda o: o["spec"]["containers"][0]["resources"]["requests"].update(cpu="2"),
         lambda o: o["spec"].update(nodeSelector={"a": "b"}),
         lambda o: o["spec"].update(nodeName=""),
