@@ -312,7 +312,7 @@ def bound_pod_info(old: PodInfo, obj: JSON) -> PodInfo | None:
         return None
     if not isinstance(annotations, dict) or _but_devices(annotations) != _but_devices(old.annotations):
         return None
-    if owner_refs(meta) != old.owners or spec_hash({k: v for k, v in spec.items() if k != "nodeName"}) != old.spec_hash:
+    if owner_refs(meta) != old.owners or spec_hash(spec) != old.spec_hash:
         return None
     status = obj.get("status") or {}
     phase, version, nominated = (
@@ -332,7 +332,6 @@ def bound_pod_info(old: PodInfo, obj: JSON) -> PodInfo | None:
         annotations=annotations,
         nominated=_text(nominated),
         resource_version=_text(version),
-        spec_hash=spec_hash(spec),
         obj=obj if meta.get("ownerReferences") else {},
     )
 
@@ -346,9 +345,12 @@ def _but_devices(annotations: dict[str, Any]) -> dict[str, Any]:
 
 
 def spec_hash(spec: Any) -> int:
-    """A hash of a pod's spec as serialised (0 when it cannot be): the cache reads a pod
-    again whenever its spec changed, even with nothing else changed (an in-place resize, a
-    gated pod's nodeSelector set by a queueing controller)."""
+    """A hash of a pod's spec as serialised, but its node (`PodInfo.node` keeps that apart), 0
+    when it cannot be: the cache reads a pod again whenever its spec changed, even with nothing
+    else changed (an in-place resize, a gated pod's nodeSelector set by a queueing controller),
+    and a bind, which sets the node alone, leaves it as it was (`bound_pod_info`)."""
+    if isinstance(spec, dict) and "nodeName" in spec:
+        spec = {k: v for k, v in spec.items() if k != "nodeName"}
     try:
         return hash(orjson.dumps(spec)) or 1
     except (TypeError, orjson.JSONEncodeError):
