@@ -14,7 +14,10 @@ Extender latency per verb (p50/p99) comes from the extender's own per-call timin
 rounds, where kube-apiserver and kube-scheduler keep both cores of a 2-core machine busy and
 every process waits for CPU), and in a paced round where pods arrive at a steady
 --paced-rate, as in normal operation. `filter_p99_ms` is the paced figure,
-`filter_p99_saturated_ms` the other.
+`filter_p99_saturated_ms` the other. kube-scheduler asks prioritize only for GPU pods that
+state preferences (a GPU pod is offered one node; a pod without GPUs only the nodes Phalanx
+ranks first, and is not sent to prioritize), so in the paced round 1 GPU pod in 5 prefers a
+block, and prioritize's figures are theirs; the rounds have none.
 
     python -m benchmarks.kwok_throughput [--quick] [--nodes N] [--pods N] [--rounds N]
                                          [--paced-rate R] [--extender-nice N]
@@ -90,25 +93,33 @@ from extender.kube import RestKube
 from extender.objects import DEVICES_ANNOTATION, encode_devices
 from solver import FULL_SHARE, DeviceAssignment
 
+#: In the paced round, the share of GPU pods that prefer a block (preferred node affinity): filter
+#: keeps every node for them and kube-scheduler asks prioritize to score them, the only pods of
+#: this mix it asks (a pod without GPUs is offered only the nodes Phalanx ranks first, and is not
+#: sent to prioritize; deploy/local/scheduler_config.py).
+PREFERRING = 0.2
+BLOCK_LABEL = "topology.phalanx.io/block"
 
-def pod_body(name: str, scheduler: str, gpu: bool) -> dict[str, Any]:
+
+def pod_body(name: str, scheduler: str, gpu: bool, *, prefers: bool = False) -> dict[str, Any]:
     limits = {"nvidia.com/gpu": "1"} if gpu else {}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"bench": scheduler}},
-        "spec": {
-            "schedulerName": scheduler,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "c",
-                    "image": "x",
-                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": limits},
-                }
-            ],
-        },
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler,
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [
+            {
+                "name": "c",
+                "image": "x",
+                "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": limits},
+            }
+        ],
     }
+    if prefers:
+        term = {"matchExpressions": [{"key": BLOCK_LABEL, "operator": "In", "values": ["b0"]}]}
+        spec["affinity"] = {
+            "nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "preference": term}]}
+        }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"bench": scheduler}}, "spec": spec}
 
 
 def create_pods(kube: RestKube, scheduler: str, count: int, seed: int) -> None:
@@ -387,7 +398,9 @@ def paced_round(
     percentage: int | None = None,
 ) -> dict[str, Any]:
     """Extender latency at a steady load below saturation: pods arrive at `rate_per_s` while
-    the scheduler (with the extender) runs, as in a cluster in normal operation."""
+    the scheduler (with the extender) runs, as in a cluster in normal operation. The same mix
+    as the rounds, but a `PREFERRING` share of the GPU pods prefers a block, so prioritize is
+    called (and timed) for them."""
     scheduler = "bench-paced"
     cluster.restart_scheduler(
         ext_url, scheduler_names=["default-scheduler", scheduler], percentage_of_nodes_to_score=percentage
@@ -400,7 +413,8 @@ def paced_round(
     start = time.monotonic()
     for i in range(total):
         time.sleep(max(0.0, start + i / rate_per_s - time.monotonic()))
-        body = pod_body(f"{scheduler}-{i:05d}", scheduler, rnd.random() < 0.7)
+        gpu = rnd.random() < 0.7
+        body = pod_body(f"{scheduler}-{i:05d}", scheduler, gpu, prefers=gpu and rnd.random() < PREFERRING)
         kube.request("POST", f"/api/v1/namespaces/{NS}/pods", body=body)
     deadline = time.monotonic() + 120
     while len(watch.bound) < total and time.monotonic() < deadline:

@@ -392,10 +392,12 @@ class FilterConfig(_Strict):
         description="How many of the nodes that pass filter go on to scoring, the ones Phalanx ranks best. "
         "auto: a GPU pod gets the one node Phalanx ranks best among those kube-scheduler offered (its packing "
         "and fragmentation scores decide; kube-scheduler then skips its Score plugins and prioritize, which "
-        "halves the extender calls), a pod without GPUs keeps as many as kube-scheduler's own default would "
-        "score (all below 100 nodes, 420 of 1,000, 500 of 5,000) for kube-scheduler's scores to choose among; "
-        "all: no cut, every GPU pod scored by kube-scheduler and prioritize too; N: at most N for GPU pods, "
-        "pods without GPUs keep kube-scheduler's count. Pods with preferences kube-scheduler scores (preferred "
+        "halves the extender calls), a pod without GPUs keeps the nodes Phalanx ranks first for it (where it "
+        "strands the fewest GPUs; all when none stands out), at most as many as kube-scheduler's own default "
+        "would score (all below 100 nodes, 420 of 1,000, 500 of 5,000), for kube-scheduler's scores to choose "
+        "among; all: no cut, every GPU pod scored by kube-scheduler and prioritize too (pods without GPUs keep "
+        "every node Phalanx ranks first); N: at most N for GPU pods, pods without GPUs keep kube-scheduler's "
+        "count. Pods with preferences kube-scheduler scores (preferred "
         "node or pod affinity, ScheduleAnyway spread) keep every node. A single GPU pod offered one node has its "
         "devices counted from that filter's reply until its bind (30 s at most), so the next pod sees them taken.",
     )

@@ -342,19 +342,31 @@ class Verbs:
 
         By default a GPU pod gets the one node Phalanx ranks best (prioritize's scores, equals
         in kube-scheduler's order): kube-scheduler then binds it there without running its
-        Score plugins or calling prioritize, one extender call fewer per pod. A pod without
-        GPUs keeps as many nodes as kube-scheduler's own default would score (the first in
-        its order: a rotating window measured 0.12 points of allocation lower in trace_replay,
-        it spreads CPU pods), since Phalanx ranks them as equals at best and kube-scheduler's
-        scores (spreading a Deployment's replicas) must choose among them. Pods with
-        preferences kube-scheduler scores keep every node. Nothing fails for the cut: the
-        nodes left out are simply not offered."""
+        Score plugins or calling prioritize, one extender call fewer per pod.
+
+        A pod without GPUs keeps the nodes Phalanx ranks first, where it strands the fewest
+        GPUs (`_cpu_only_scores`: all of them when none stands out), at most as many as
+        kube-scheduler's own default would score (the first in its order: a rotating window
+        measured 0.12 points of allocation lower in trace_replay, it spreads CPU pods), and
+        kube-scheduler's scores (spreading a Deployment's replicas) choose among them. Prioritize
+        would score them all alike, so kube-scheduler's configuration asks it only for pods that
+        request GPU resources (deploy/local/scheduler_config.py): a pod without GPUs costs one
+        extender call, not two. Pods with preferences kube-scheduler scores keep every node.
+        Nothing fails for the cut: the nodes left out are simply not offered."""
         if verdict.outcome not in (Fit.FITS, Fit.PASSTHROUGH) or pod.prefers:
             return verdict
         passed = verdict.passed
         if len(passed) <= 1:
             return verdict
-        k = self.config.filter.size(self.cache.counts()[0], gpu=pod.demand.kind is not GpuKind.NONE)
+        gpu = pod.demand.kind is not GpuKind.NONE
+        k = self.config.filter.size(self.cache.counts()[0], gpu=gpu)
+        if not gpu:
+            scores = self._cpu_only_scores(pod, passed)  # shifted: the first rank holds the highest
+            if scores:
+                top = max(scores.values())
+                first = {n for n, s in scores.items() if s == top}
+                passed = list(filter(first.__contains__, passed))  # in kube-scheduler's order
+            return verdict if len(passed) == len(verdict.passed) <= k else replace(verdict, passed=passed[:k])
         if len(passed) <= k:
             return verdict
         return replace(verdict, passed=best(passed, self._scores(pod, passed, lead_only=k == 1), k))

@@ -1,17 +1,19 @@
 """KubeSchedulerConfiguration (``kubescheduler.config.k8s.io/v1``) for the local kube-scheduler.
 
 Without an extender this is the stock scheduler. With one, every profile calls the Phalanx
-extender for filter, prioritize, bind and preempt. ``percentageOfNodesToScore`` is left to
+extender for filter, bind and preempt, and for prioritize where a pod requests GPU resources
+(`extender_config`). ``percentageOfNodesToScore`` is left to
 kube-scheduler's default (a share of the feasible nodes from 100 nodes up, 42 % of 1,000, 10 %
 of 5,000): a planned gang member carries its planned node as ``status.nominatedNodeName``,
 which kube-scheduler checks alone before any sample, so no plan needs every node offered.
 ``httpTimeout`` is 30 s rather than the 5 s default because the
 extender holds gang members in bind until the whole gang has arrived.
 
-``managedResources`` is empty by default on purpose: kube-scheduler only consults an extender
-for pods requesting a managed resource when the list is non-empty, and gang members need not
-request GPUs. Pass resources (with ``ignored_by_scheduler=True`` for ones no node advertises,
-such as a GPU-share resource) to narrow that down.
+``managedResources`` of the filter, preempt and bind entries is empty by default on purpose:
+kube-scheduler only consults an extender for pods requesting a managed resource when the list
+is non-empty, and gang members need not request GPUs. Pass resources (with
+``ignored_by_scheduler=True`` for ones no node advertises, such as a GPU-share resource) to
+narrow that down.
 """
 
 from __future__ import annotations
@@ -23,12 +25,26 @@ from typing import Any
 
 import yaml
 
+from extender.gpu import GPU, mig_resource
+from extender.policy.gpushare import SHARE_RESOURCE
+from solver import load_tables
+
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
 CLIENT_QPS = 5000.0
 CLIENT_BURST = 5000
 HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores")
 """Per-device GPU memory / core shares that Phalanx understands and no node advertises."""
+
+
+def scored_resources() -> tuple[str, ...]:
+    """The resources of the pods kube-scheduler asks the extender to prioritize: whole GPUs, the
+    node agent's share slots (README "The node agent"), HAMi-style shares, and every MIG profile
+    of config/mig-profiles.yaml. Pods without them are
+    not scored by the extender: its filter already kept only the nodes it ranks first for them
+    (extender/verbs.py `_sample`), so a prioritize would score them all alike."""
+    profiles = {p.name for table in load_tables().tables for p in table.profiles}
+    return (GPU, SHARE_RESOURCE, *HAMI_RESOURCES, *sorted(mig_resource(p) for p in profiles))
 
 
 @dataclass(frozen=True)
@@ -61,8 +77,12 @@ def extender_config(
     """Return the ``extenders`` entries for the Phalanx extender at ``url`` (its URL prefix);
     with ``tls``, kube-scheduler verifies the extender's certificate and presents its own.
 
-    Without managed resources (every pod is the extender's) bind is an entry of its own at the
-    same URL. kube-scheduler gives each entry its own HTTP client, and Go's client keeps two idle
+    Without managed resources (every pod is the extender's) the verbs are three entries at the
+    same URL: filter and preempt for every pod; prioritize only for pods that request GPU
+    resources (`scored_resources`: the only pods whose filter may keep nodes Phalanx ranks
+    apart, when they state preferences kube-scheduler scores), so a pod without GPUs costs one
+    call on kube-scheduler's serial cycle, not two; and bind for every pod (the gang gate).
+    kube-scheduler gives each entry its own HTTP client, and Go's client keeps two idle
     connections: in one entry, the binds in flight (they run beside the next pods' scheduling
     cycles) hold those two, and the next filter or prioritize, on kube-scheduler's serial path,
     opens a new connection. Apart, filter, prioritize and preempt, called one at a time by the
@@ -86,9 +106,11 @@ def extender_config(
         entry["tlsConfig"] = {"certFile": tls.cert_file, "keyFile": tls.key_file, "caFile": tls.ca_file}
     if managed_resources:
         return [entry]
-    verbs = {k: v for k, v in entry.items() if k != "bindVerb"}
+    cycle = {k: v for k, v in entry.items() if k not in ("prioritizeVerb", "bindVerb", "weight")}
+    scorer = {k: v for k, v in entry.items() if k not in ("filterVerb", "bindVerb", "preemptVerb")}
+    scorer["managedResources"] = [{"name": name, "ignoredByScheduler": False} for name in scored_resources()]
     binder = {k: v for k, v in entry.items() if k not in ("filterVerb", "prioritizeVerb", "preemptVerb", "weight")}
-    return [verbs, binder]
+    return [cycle, scorer, binder]
 
 
 def scheduler_config(

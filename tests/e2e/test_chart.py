@@ -21,6 +21,7 @@ from deploy.local import replicas
 from deploy.local.build import ensure_helm, locate_binaries
 from deploy.local.cluster import LocalCluster
 from deploy.local.replicas import PATHS
+from deploy.local.scheduler_config import scored_resources
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -224,8 +225,11 @@ def test_the_defaults_render_two_replicas_as_a_second_scheduler_hardened(helm: H
         "resourceName": "phalanx-scheduler",
     }
     assert [p["schedulerName"] for p in config["profiles"]] == ["phalanx"]
-    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:8888"] * 2
-    assert [bool(e.get("bindVerb")) for e in config["extenders"]] == [False, True]  # bind apart
+    assert [e["urlPrefix"] for e in config["extenders"]] == ["http://127.0.0.1:8888"] * 3
+    assert [bool(e.get("bindVerb")) for e in config["extenders"]] == [False, False, True]  # bind apart
+    # prioritize apart, for pods with GPU resources only: the local cluster's list
+    scored = [r["name"] for r in config["extenders"][1]["managedResources"]]
+    assert config["extenders"][1]["prioritizeVerb"] == "prioritize" and sorted(scored) == sorted(scored_resources())
 
     policy = one(docs, "NetworkPolicy", "phalanx-scheduler")
     assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "phalanx-scheduler"}}
@@ -604,8 +608,9 @@ def test_the_rendered_scheduler_configuration_is_accepted_by_kube_scheduler(
     effective = yaml.safe_load((tmp_path / "out.yaml").read_text())
     names = [p["schedulerName"] for p in effective["profiles"]]
     assert names == (["default-scheduler"] if values == "ha" else ["phalanx"])
-    assert [e["nodeCacheCapable"] for e in effective["extenders"]] == [True, True]
-    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "bind"]
+    assert [e["nodeCacheCapable"] for e in effective["extenders"]] == [True, True, True]
+    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "", "bind"]
+    assert [e.get("prioritizeVerb", "") for e in effective["extenders"]] == ["", "prioritize", ""]
 
 
 def test_helm_install_upgrade_and_uninstall_keep_what_the_extender_wrote(helm: Helm, cluster: LocalCluster) -> None:

@@ -22,6 +22,7 @@ from deploy.local import replicas
 from deploy.local.build import locate_binaries
 from deploy.local.cluster import LocalCluster
 from deploy.local.replicas import MANIFESTS, PATHS, documents
+from deploy.local.scheduler_config import scored_resources
 from extender.kube import RestKube
 from tests.e2e.test_extender import wait
 
@@ -60,9 +61,13 @@ def test_the_shipped_scheduler_configuration_is_accepted_by_kube_scheduler(
     )
     assert result.returncode == 0, result.stderr[-2000:]
     effective = yaml.safe_load((tmp_path / "effective.yaml").read_text())
-    assert [e["urlPrefix"] for e in effective["extenders"]] == ["http://127.0.0.1:8888"] * 2
-    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "bind"]  # bind apart
-    assert [e.get("filterVerb", "") for e in effective["extenders"]] == ["filter", ""]
+    assert [e["urlPrefix"] for e in effective["extenders"]] == ["http://127.0.0.1:8888"] * 3
+    assert [e.get("bindVerb", "") for e in effective["extenders"]] == ["", "", "bind"]  # bind apart
+    assert [e.get("filterVerb", "") for e in effective["extenders"]] == ["filter", "", ""]
+    # prioritize apart, for pods with GPU resources only: the local cluster's list
+    assert [e.get("prioritizeVerb", "") for e in effective["extenders"]] == ["", "prioritize", ""]
+    scored = [r["name"] for r in effective["extenders"][1]["managedResources"]]
+    assert sorted(scored) == sorted(scored_resources())
     assert not effective.get("percentageOfNodesToScore")  # kube-scheduler's adaptive default
 
 

@@ -69,6 +69,36 @@ def test_a_cpu_heavy_pod_stays_off_the_gpu_nodes_it_would_strand(ext: Extender) 
     assert leader(got) == "cpu0"
 
 
+def filtered(ext: Extender, obj: dict, names: list[str]) -> list[str]:  # type: ignore[type-arg]
+    reply = ext.verbs.filter({"Pod": obj, "NodeNames": names})
+    assert not reply["FailedNodes"] and not reply["FailedAndUnresolvableNodes"]
+    return list(reply["NodeNames"])
+
+
+def test_filter_offers_a_cpu_heavy_pod_only_the_nodes_it_strands_least_on(ext: Extender) -> None:
+    """kube-scheduler does not send a pod without GPUs to prioritize (its scorer entry manages
+    GPU resources only): filter keeps the nodes prioritize would rank first, in kube-scheduler's
+    order, and prioritize over them has nothing left to tell apart."""
+    for name in ("cpu0", "cpu1"):
+        ext.cache.node_event("ADDED", node(name, gpus=0))
+    names = ["a0", "cpu1", "b0", "cpu0", "c0"]
+    assert filtered(ext, cpu_pod("big", 127), names) == ["cpu1", "cpu0"]
+    assert scores(ext, cpu_pod("big", 127), ["cpu1", "cpu0"]) == {}
+
+
+def test_filter_offers_a_cpu_pod_phalanx_has_no_opinion_on_every_node(ext: Extender) -> None:
+    assert filtered(ext, cpu_pod("small", 1), ["c0", "a0", "b0"]) == ["c0", "a0", "b0"]
+
+
+def test_a_cpu_pod_with_preferences_keeps_every_node(ext: Extender) -> None:
+    """Its preferences are kube-scheduler's to score: filter cuts nothing."""
+    ext.cache.node_event("ADDED", node("cpu0", gpus=0))
+    obj = cpu_pod("big", 127)
+    term = {"weight": 5, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+    obj["spec"]["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}}
+    assert filtered(ext, obj, ["a0", "b0", "cpu0"]) == ["a0", "b0", "cpu0"]
+
+
 def test_no_opinion_on_a_cpu_pod_when_nodes_look_alike(ext: Extender) -> None:
     """A small CPU pod changes nothing for the workload anywhere: no scores (kube-scheduler's
     own decide), and no tie-break by name that would pile every CPU pod onto one node."""
