@@ -88,6 +88,29 @@ def untiered_scores(names: list[str], values: list[float]) -> dict[str, int]:
     return dict(zip(compress(names, scored), map(shifted.__getitem__, compress(values, scored)), strict=True))
 
 
+def untiered_scores_by_name(names: list[str], values: list[float]) -> dict[str, int]:
+    """`fragmentation_scores(deltas, {}, by_name=True)` from each name's growth (`values`, one
+    per name, inf where it does not fit), the same scores in the same order: a prioritize of a
+    GPU pod (one that states preferences, so filter kept every node) in C-speed passes over the
+    names, with Python's work per distinct growth. The lead (least growth, then first name)
+    gets 10, every other node its growth's band 5..9, all shifted so the lowest is 0."""
+    lead = untiered_lead(names, values)
+    if lead is None:
+        return {}
+    finite = set(values)
+    finite.discard(math.inf)
+    least = min(finite)
+    band = score_band(finite, 5, 9)
+    shared = len(set(compress(names, map(eq, repeat(least), values)))) > 1  # another node grows as little
+    floor = min([b for d, b in band.items() if d != least or shared], default=10)
+    shifted = {d: b - floor for d, b in band.items() if b > floor}
+    scored = list(map(shifted.__contains__, values))
+    scores = dict(zip(compress(names, scored), map(shifted.__getitem__, compress(values, scored)), strict=True))
+    if floor < 10:
+        scores[lead] = 10 - floor
+    return scores
+
+
 def score_band(values: set[float], low: int, high: int) -> dict[float, int]:
     """Scores low..high for fragmentation deltas, the least growth highest, linear between."""
     best, worst = min(values), max(values)

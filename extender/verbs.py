@@ -43,7 +43,14 @@ from extender.objects import PodInfo, pod_info
 from extender.outcomes import Fit, Then, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from extender.queues import QueueBook
-from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead, untiered_scores
+from extender.scoring import (
+    best,
+    fragmentation_lead,
+    fragmentation_scores,
+    untiered_lead,
+    untiered_scores,
+    untiered_scores_by_name,
+)
 from extender.sharing import Sharing
 from solver import (
     DeviceAssignment,
@@ -417,7 +424,11 @@ class Verbs:
         self.last_call = time.monotonic()
         pod, names = self._pod(args), self._node_names(args)
         scores = self._pool_scores(pod, names) if pod.node_pools else self._scores(pod, names)
-        return [self._host_score(n, v) for n, v in scores.items()]
+        items = list(scores.items())
+        fragments = list(map(self._fragments.get, items))  # the same pairs recur: found in C
+        if None in fragments:
+            fragments = [f or self._host_score(*item) for f, item in zip(fragments, items, strict=True)]
+        return fragments
 
     def _pool_scores(self, pod: PodInfo, names: list[str]) -> dict[str, int]:
         """Prioritize agreeing with filter's pool cut: when `names` span several node pools,
@@ -508,8 +519,7 @@ class Verbs:
             if lead_only and by_name:
                 lead = untiered_lead(names, values)
                 return {lead: 1} if lead is not None else {}
-            if not by_name:
-                return untiered_scores(names, values)
+            return untiered_scores_by_name(names, values) if by_name else untiered_scores(names, values)
         deltas = dict(compress(zip(names, values, strict=True), map(ne, repeat(math.inf), values)))
         if not deltas:
             return {}

@@ -7,7 +7,14 @@ import random
 
 import pytest
 
-from extender.scoring import best, fragmentation_lead, fragmentation_scores, untiered_lead, untiered_scores
+from extender.scoring import (
+    best,
+    fragmentation_lead,
+    fragmentation_scores,
+    untiered_lead,
+    untiered_scores,
+    untiered_scores_by_name,
+)
 from extender.scoring import score_band as _band
 
 
@@ -82,3 +89,31 @@ def test_the_untiered_scores_are_fragmentation_scores(seed: int) -> None:
     deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
     want = fragmentation_scores(deltas, {}, by_name=False)
     assert list(untiered_scores(names, values).items()) == list(want.items())
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_untiered_scores_by_name_are_fragmentation_scores(seed: int) -> None:
+    """prioritize of a GPU pod, without packing tiers, scores from the list of each name's
+    growth: the same scores as `fragmentation_scores(by_name=True)` of the map of the finite
+    ones (the one lead at 10, ties to the first name), in the same order, repeats included."""
+    rnd = random.Random(seed)
+    names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
+    growth = {n: rnd.choice([0.0, 0.25, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
+    values = [growth[n] for n in names]
+    deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
+    want = fragmentation_scores(deltas, {}, by_name=True)
+    assert list(untiered_scores_by_name(names, values).items()) == list(want.items())
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ([0.0], {}),  # one node: nothing to tell apart
+        ([0.0, 0.0], {"a": 1}),  # equals: the first name leads
+        ([1.0, 0.0], {"b": 5}),  # the lead 10, the other 5: shifted, zeros left out
+        ([math.inf, 2.0, 1.0], {"c": 5}),
+        ([math.inf, math.inf], {}),
+    ],
+)
+def test_the_untiered_scores_by_name_by_hand(values: list[float], want: dict[str, int]) -> None:
+    assert untiered_scores_by_name(["a", "b", "c"][: len(values)], values) == want
