@@ -20,8 +20,10 @@ runs on its own thread and takes its share of the GIL, reported as refresh time 
 its reply (what kube-scheduler's serial cycle waits for; the request decoded first, untimed, as
 the server does) and, for a GPU pod, its device choice, which the server makes after the reply
 is sent. `filter_p50_ms`/`filter_p99_ms` are the two together, as before 2026-11-27. A pod
-without GPUs keeps the nodes kube-scheduler would score, so its prioritize over them is timed
-too (`prioritize_p50_ms`).
+without GPUs keeps the nodes Phalanx ranks first for it, and its prioritize over them is timed
+too (`prioritize_p50_ms`), though kube-scheduler, configured as deploy/local/scheduler_config.py
+does it, sends only pods with GPU resources to prioritize (since 2026-11-27 09:00 UTC): the
+figure is what a configuration with every verb in one entry costs.
 Percentiles over the calls after the first third (warm-up: every node's first measurement).
 
 `--cold` empties the CPU caches before each call (a 64 MiB array walked), as the other
