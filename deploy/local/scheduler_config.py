@@ -40,9 +40,9 @@ HAMI_RESOURCES = ("nvidia.com/gpumem", "nvidia.com/gpucores")
 def scored_resources() -> tuple[str, ...]:
     """The resources of the pods kube-scheduler asks the extender to prioritize: whole GPUs, the
     node agent's share slots (README "The node agent"), HAMi-style shares, and every MIG profile
-    of config/mig-profiles.yaml. Pods without them are
-    not scored by the extender: its filter already kept only the nodes it ranks first for them
-    (extender/verbs.py `_sample`), so a prioritize would score them all alike."""
+    of config/mig-profiles.yaml. Pods without them are not scored by the extender: its filter
+    already kept only the nodes it ranks first for them (extender/verbs.py `_sample`), so a
+    prioritize would score them all alike."""
     profiles = {p.name for table in load_tables().tables for p in table.profiles}
     return (GPU, SHARE_RESOURCE, *HAMI_RESOURCES, *sorted(mig_resource(p) for p in profiles))
 
