@@ -77,32 +77,22 @@ def test_the_untiered_lead_is_the_least_growth_then_the_first_name(seed: int) ->
     assert untiered_lead(names, values) == want
 
 
+@pytest.mark.parametrize("by_name", [False, True])
 @pytest.mark.parametrize("seed", range(200))
-def test_the_untiered_scores_are_fragmentation_scores(seed: int) -> None:
-    """prioritize of a pod without GPUs, without packing tiers, scores from the list of each
-    name's growth: the same scores as `fragmentation_scores` of the map of the finite ones, in
-    the same order (the reply's)."""
+def test_the_untiered_scores_are_fragmentation_scores(seed: int, by_name: bool) -> None:
+    """prioritize without packing tiers scores from the list of each name's growth, repeats
+    included: the same scores as `fragmentation_scores` of the map of the finite ones, in the
+    same order (the reply's). Without `by_name` (a pod without GPUs) every node of the least
+    growth gets 10; with it (a GPU pod, which filter left every node for its preferences) the
+    one lead, ties to the first name."""
     rnd = random.Random(seed)
     names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
     growth = {n: rnd.choice([0.0, 0.25, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
     values = [growth[n] for n in names]
     deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
-    want = fragmentation_scores(deltas, {}, by_name=False)
-    assert list(untiered_scores(names, values).items()) == list(want.items())
-
-
-@pytest.mark.parametrize("seed", range(300))
-def test_the_untiered_scores_by_name_are_fragmentation_scores(seed: int) -> None:
-    """prioritize of a GPU pod, without packing tiers, scores from the list of each name's
-    growth: the same scores as `fragmentation_scores(by_name=True)` of the map of the finite
-    ones (the one lead at 10, ties to the first name), in the same order, repeats included."""
-    rnd = random.Random(seed)
-    names = [f"n{rnd.randrange(60):02d}" for _ in range(rnd.randint(0, 40))]
-    growth = {n: rnd.choice([0.0, 0.25, 0.5, 1.0, 2.0, -1.0, math.inf]) for n in set(names)}
-    values = [growth[n] for n in names]
-    deltas = {n: v for n, v in zip(names, values, strict=True) if v != math.inf}
-    want = fragmentation_scores(deltas, {}, by_name=True)
-    assert list(untiered_scores_by_name(names, values).items()) == list(want.items())
+    want = fragmentation_scores(deltas, {}, by_name=by_name)
+    got = untiered_scores_by_name(names, values) if by_name else untiered_scores(names, values)
+    assert list(got.items()) == list(want.items())
 
 
 @pytest.mark.parametrize(
