@@ -25,10 +25,6 @@ from typing import Any
 
 import yaml
 
-from extender.gpu import GPU, mig_resource
-from extender.policy.gpushare import SHARE_RESOURCE
-from solver import load_tables
-
 API_VERSION = "kubescheduler.config.k8s.io/v1"
 DEFAULT_SCHEDULER_NAME = "default-scheduler"
 CLIENT_QPS = 5000.0
@@ -42,7 +38,12 @@ def scored_resources() -> tuple[str, ...]:
     node agent's share slots (README "The node agent"), HAMi-style shares, and every MIG profile
     of config/mig-profiles.yaml. Pods without them are not scored by the extender: its filter
     already kept only the nodes it ranks first for them (extender/verbs.py `_sample`), so a
-    prioritize would score them all alike."""
+    prioritize would score them all alike. Imported here: the solver and the extender are the
+    only heavy imports of this package (0.36 s), and most of its uses never need the list."""
+    from extender.gpu import GPU, mig_resource
+    from extender.policy.gpushare import SHARE_RESOURCE
+    from solver import load_tables
+
     profiles = {p.name for table in load_tables().tables for p in table.profiles}
     return (GPU, SHARE_RESOURCE, *HAMI_RESOURCES, *sorted(mig_resource(p) for p in profiles))
 
