@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import compress, filterfalse, repeat
-from operator import is_, ne
+from operator import eq, is_, ne
 from typing import Any, cast
 
 import orjson
@@ -370,9 +370,8 @@ class Verbs:
         if not gpu:
             scores = self._cpu_only_scores(pod, passed)  # shifted: the first rank holds the highest
             if scores:
-                top = max(scores.values())
-                first = {n for n, s in scores.items() if s == top}
-                passed = list(filter(first.__contains__, passed))  # in kube-scheduler's order
+                first = set(compress(scores, map(eq, scores.values(), repeat(max(scores.values())))))
+                passed = list(filter(first.__contains__, passed))  # C-speed passes, kube-scheduler's order
             return verdict if len(passed) == len(verdict.passed) <= k else replace(verdict, passed=passed[:k])
         if len(passed) <= k:
             return verdict
