@@ -124,6 +124,10 @@ def start_extender(
             *prefix,
             *(sys.executable, "-m", module, "--kubeconfig", str(kubeconfig), "--port", str(port)),
             *(("--config-file", str(config)) if config is not None else ()),
+            # Binds answered once checked, journalled beside the log (extender/landing.py), as
+            # the chart runs it; the floor (benchmarks/noop_extender.py) answers them alike.
+            "--bind-journal",
+            str(log.with_suffix(".binds")),
         ],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,

@@ -2,7 +2,9 @@
 
 A stand-in for the Phalanx extender in `kwok_throughput --floor`: the same HTTP server
 (extender/server.py, its verbs' timing phases included) and the same Binding POST
-(extender/binder.py, through the same client), with no work of its own: filter passes a pod
+(extender/binder.py, through the same client; with `--bind-journal`, answered at once and landed
+in the background as Phalanx's single pods' binds are, extender/landing.py), with no work of
+its own: filter passes a pod
 requesting `nvidia.com/gpu` the first node it is offered (as Phalanx's `filter.sampleNodes: auto`
 does, so kube-scheduler skips prioritize for it) and any other pod every node (kube-scheduler's
 configuration sends those to prioritize only if they request a GPU resource, as for Phalanx:
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hmac
 import logging
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -29,7 +32,8 @@ import structlog
 from extender import wire
 from extender.auth import Access, Denied
 from extender.binder import Binder
-from extender.kube import RestKube
+from extender.kube import ApiError, RestKube
+from extender.landing import Journal, Landing, Landings
 from extender.metrics import Metrics
 from extender.server import Server
 
@@ -66,11 +70,30 @@ class StatsOnly:
         return None
 
 
-def server(kube: RestKube, port: int) -> Server:
+def server(kube: RestKube, port: int, journal: Path | None = None) -> Server:
     binder = Binder(kube)
+
+    def land(landing: Landing) -> bool:
+        """One try; settled when it landed or the API server refuses it for good (a 4xx)."""
+        try:
+            binder.bind(landing.namespace, landing.name, landing.uid, landing.node, ())
+        except ApiError as e:
+            return 400 <= e.status < 500 and e.status != 429
+        except OSError:
+            return False
+        return True
+
+    # With a journal, binds are answered at once and landed in the background, as Phalanx's
+    # single pods' are (extender/landing.py): the floor keeps the same protocol costs.
+    landings = Landings(Journal(journal), land, lambda landing: True) if journal is not None else None
+    if landings is not None:
+        landings.start()
+        landings.resume_all()
 
     def bind(args: dict[str, Any]) -> dict[str, Any]:
         checked = wire.bind_args(args)  # the names go into an API path: Kubernetes' grammar, or a 400
+        if landings is not None and landings.begin(Landing(checked.uid, checked.namespace, checked.name, checked.node)):
+            return {"Error": ""}
         try:
             binder.bind(checked.namespace, checked.name, checked.uid, checked.node, ())
         except Exception as e:  # kube-scheduler reads the error and retries the pod
@@ -92,9 +115,10 @@ def main() -> None:
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--config-file", help="ignored (kwok_throughput passes what it passes the extender)")
+    ap.add_argument("--bind-journal", type=Path, help="answer binds at once and land them in the background")
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    server(RestKube.from_kubeconfig(args.kubeconfig), args.port).serve_forever()
+    server(RestKube.from_kubeconfig(args.kubeconfig), args.port, args.bind_journal).serve_forever()
 
 
 if __name__ == "__main__":

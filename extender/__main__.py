@@ -125,6 +125,14 @@ def main() -> None:
         help="how long a remote solve may take before the in-process solver answers (default: the "
         "solver time limit + 2 s)",
     )
+    ap.add_argument(
+        "--bind-journal",
+        type=Path,
+        metavar="FILE",
+        help="answer a single pod's bind once it is checked and its devices counted, and land the Binding "
+        "in the background, journalled in FILE (on the pod's own volume: a restarted extender lands what "
+        "it answered); without it a bind is answered when its Binding has landed",
+    )
     args = ap.parse_args()
     if args.solver_deadline is not None and (not args.solver_address or args.solver_deadline <= 0):
         ap.error("--solver-deadline needs --solver-address and a positive number of seconds")
@@ -194,6 +202,7 @@ def main() -> None:
         webhook,
         remote,
         api,
+        args.bind_journal,
     )
     extender = Extender(kube, options)
     done = threading.Event()

@@ -53,6 +53,7 @@ from extender.gangs.sources import (
     same_definition,
 )
 from extender.kube import ApiError, Kube
+from extender.landing import Journal, Landings
 from extender.leader import LeaderOptions, Leadership
 from extender.metrics import Metrics
 from extender.objects import PodInfo, pod_info
@@ -99,6 +100,8 @@ class Options:
     webhook: WebhookOptions | None = None  # serve the workload-policy admission webhooks
     solver: RemoteSolverOptions | None = None  # solve through the solver service (solverd), in process if down
     api: ApiListenOptions | None = None  # also serve the REST APIs (only) here, for tenants
+    # Answer single pods' binds before their Binding lands, journalled here (extender/landing.py).
+    bind_journal: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,15 @@ class Extender:
             synced=self.synced,
             queues=self.queues,
         )
+        self.landings: Landings | None = None
+        if options.bind_journal is not None:
+            self.landings = Landings(
+                Journal(options.bind_journal),
+                self.verbs.land,
+                self.verbs.resume,
+                counted=lambda outcome: self.metrics.outcomes.labels("bind-landing", outcome).inc(),
+            )
+            self.verbs.landings = self.landings
         self.read_api = ReadApi(self.cache, self.gangs, self.queues)
         self.policies = PolicyStore(report=notifier.report)
         self.admission = Admission(
@@ -541,6 +553,8 @@ class Extender:
         self.dynamic.start()
         if self.leadership is not None:
             self.leadership.start()
+        if self.landings is not None:
+            self._threads.extend(self.landings.start())
         sweeper = threading.Thread(target=self._sweep, name="gang-sweep", daemon=True)
         sweeper.start()
         self._threads.append(sweeper)
@@ -574,6 +588,8 @@ class Extender:
         if self.leadership is not None:
             self.leadership.stop()
         self.gangs.shutdown()
+        if self.landings is not None:
+            self.landings.stop()
         self.api.stop()
         self.queue_status.stop()
         for r in [*self.reflectors, *self.definition_reflectors, *self.queue_reflectors, *self._config_reflectors()]:
@@ -603,8 +619,10 @@ class Extender:
         a half-loaded cache would double-book devices). A reflector's `listed` is never
         cleared (a relist replaces the cache's objects in one step), so once true it stays:
         every verb call and the catch-up ask."""
-        if not self._synced:
-            self._synced = self._all_listed()
+        if not self._synced and self._all_listed():
+            if self.landings is not None:  # before any verb answers: the binds a previous process answered
+                self.landings.resume_all()
+            self._synced = True
         return self._synced
 
     def _all_listed(self) -> bool:

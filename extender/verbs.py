@@ -36,10 +36,11 @@ from extender.errors import BadRequest, NotReady
 from extender.gangs.manager import GangManager
 from extender.gangs.requests import taints
 from extender.kube import ApiError
+from extender.landing import Landing, Landings
 from extender.memo import ShapeMemo, catch_up
 from extender.metrics import Metrics
 from extender.node_pools import TierMemo
-from extender.objects import PodInfo, pod_info
+from extender.objects import PodInfo, decode_devices, encode_devices, pod_info
 from extender.outcomes import Fit, Then, Verdict
 from extender.pools import NOT_IN_POOL, UNKNOWN_POOL, Pool
 from extender.queues import QueueBook
@@ -127,6 +128,9 @@ class Verbs:
         self._choices: dict[str, _Choice] = {}  # uid -> devices filter chose, counted until the bind
         self._binding: set[str] = set()  # uids whose bind is under way: a late choice is theirs
         self._choices_lock = threading.Lock()
+        # Single pods' binds answered before their Binding lands (extender/landing.py); None:
+        # every bind is answered when it has landed.
+        self.landings: Landings | None = None
 
     @property
     def config(self) -> PhalanxConfig:
@@ -631,6 +635,9 @@ class Verbs:
             return {"Error": f"pod {namespace}/{name} not found"}
         if pod.node:
             return {"Error": "" if pod.node == node else f"pod {pod.key} is already bound to {pod.node}"}
+        landing = self.landings.node_of(uid) if self.landings is not None else ""
+        if landing:  # answered before (a kube-scheduler that restarted asks again): it lands there
+            return {"Error": "" if landing == node else f"pod {pod.key}: its bind to {landing} is still landing"}
         choice = self._take_choice(uid)
         try:
             return self._bind(pod, node, choice)
@@ -662,6 +669,9 @@ class Verbs:
             return {"Error": f"pod {pod.key} no longer fits node {node}"}
         if choice is not None and choice.assumed.node != node:
             self.sharing.bind_failed(choice.assumed.node, choice.assumed.devices)  # the packer counted it there
+        if gate is None and self._answer_early(pod, node, devices):
+            self.metrics.outcomes.labels("bind", "answered-early").inc()
+            return {"Error": ""}
         assumed = self.cache.assumed(uid)
         started = time.perf_counter()
         try:
@@ -695,6 +705,47 @@ class Verbs:
             api_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         return {"Error": ""}
+
+    def _answer_early(self, pod: PodInfo, node: str, devices: tuple[DeviceAssignment, ...]) -> bool:
+        """Whether this bind is answered now and its Binding landed in the background
+        (extender/landing.py): with a journal, for a pod the watch has seen, unless its node's
+        agent must admit its devices first (a refusal must reach kube-scheduler)."""
+        if self.landings is None or self.cache.pod(pod.uid) is None:
+            return False
+        agents = self.binder.agents
+        if devices and agents is not None and agents.endpoint_of(node):
+            return False
+        record = encode_devices(devices) if devices else ""
+        return self.landings.begin(Landing(pod.uid, pod.namespace, pod.name, node, record))
+
+    def land(self, landing: Landing) -> bool:
+        """One try at the Binding of a bind answered early; True once it is settled: landed, or
+        the watch shows the pod bound (where the watch says) or gone (its deletion forgot the
+        devices). A failure is retried (`Landings`): kube-scheduler will not ask again."""
+        pod = self.cache.pod(landing.uid)
+        if pod is None or pod.node:
+            return True
+        devices = decode_devices(landing.record) or ()
+        try:
+            self.binder.bind(pod.namespace, pod.name, pod.uid, landing.node, devices)
+        except Exception as e:  # ApiError, OSError, Fenced: tried again after a pause
+            if self._after_failed_bind(pod, landing.node, e) == BOUND:
+                return True
+            self.metrics.errors.labels("bind", "landing").inc()
+            log.warning("bind answered, Binding not landed yet", pod=pod.key, node=landing.node, error=str(e)[:512])
+            return False
+        log.debug("bound", pod=pod.key, node=landing.node, devices=[d.index for d in devices], early=True)
+        return True
+
+    def resume(self, landing: Landing) -> bool:
+        """A bind a previous process answered early and did not see land: its devices counted
+        again on its node (as that process counted them) unless the pod is bound or gone;
+        whether it is still to land. Raises DeviceRecordError for a record that does not read."""
+        pod = self.cache.pod(landing.uid)
+        if pod is None or pod.node:
+            return False
+        self.cache.assume(landing.uid, landing.node, decode_devices(landing.record) or ())
+        return True
 
     def _after_failed_bind(self, pod: PodInfo, node: str, error: Exception) -> str:
         """Whether a bind that raised is NOT_BOUND (the API server refused it), BOUND (it was

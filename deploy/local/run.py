@@ -88,6 +88,7 @@ def start_extender(cluster: LocalCluster, port: int, webhook_port: int | None = 
     """Start ``python -m extender`` against the cluster and wait until it reports ready; with
     `webhook_port`, its policy webhooks too (README "Workload policies")."""
     argv = [sys.executable, "-m", "extender", "--kubeconfig", str(cluster.kubeconfig_path), "--port", str(port)]
+    argv += ["--bind-journal", str(cluster.layout.root / "extender.binds")]  # as the chart: extender/landing.py
     if webhook_port is not None:
         argv += [
             f"--webhook-port={webhook_port}",

@@ -10,6 +10,7 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,8 +37,8 @@ def wait(what: str, probe: Callable[[], Any], deadline_s: float = DEADLINE_S) ->
     raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
 
 
-def start_extender(kube: RestKube) -> Extender:
-    extender = Extender(kube, Options(port=0))
+def start_extender(kube: RestKube, *, port: int = 0, journal: Path | None = None) -> Extender:
+    extender = Extender(kube, Options(port=port, bind_journal=journal))
     extender.start()
     wait("extender ready", extender.ready)
     return extender
@@ -49,8 +50,14 @@ def kube(cluster: LocalCluster) -> RestKube:
 
 
 @pytest.fixture(scope="module")
-def extender(cluster: LocalCluster, kube: RestKube) -> Iterator[dict[str, Extender]]:
-    holder = {"current": start_extender(kube)}
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the extender journals the binds it answers before they land, as the chart runs it."""
+    return tmp_path_factory.mktemp("extender") / "binds.jsonl"
+
+
+@pytest.fixture(scope="module")
+def extender(cluster: LocalCluster, kube: RestKube, journal: Path) -> Iterator[dict[str, Extender]]:
+    holder = {"current": start_extender(kube, journal=journal)}
     # The scheduler keeps calling the same URL across an extender restart: fix the port.
     cluster.restart_scheduler(holder["current"].server.url)
     yield holder
@@ -144,16 +151,23 @@ def test_a_pod_that_fits_nowhere_stays_pending_with_our_reason(extender: dict[st
     assert not get(kube, "too-much-memory")["spec"].get("nodeName")
 
 
-def test_restarted_extender_keeps_every_device_assignment(extender: dict[str, Extender], kube: RestKube) -> None:
-    wait("whole-6 bound", lambda: bound(kube, "whole-6"))
-    before = extender["current"].cache.node_model(NODE)
+def restart(
+    extender: dict[str, Extender], kube: RestKube, journal: Path, between: Callable[[], None] = lambda: None
+) -> Extender:
+    """Stop the extender, run `between`, start a fresh one at the same URL and journal."""
     url = extender["current"].server.url
     extender["current"].stop()
-    port = int(url.rsplit(":", 1)[1])
-    fresh = Extender(kube, Options(port=port))
-    fresh.start()
-    extender["current"] = fresh
-    wait("restarted extender ready", fresh.ready)
+    between()
+    extender["current"] = fresh = start_extender(kube, port=int(url.rsplit(":", 1)[1]), journal=journal)
+    return fresh
+
+
+def test_restarted_extender_keeps_every_device_assignment(
+    extender: dict[str, Extender], kube: RestKube, journal: Path
+) -> None:
+    wait("whole-6 bound", lambda: bound(kube, "whole-6"))
+    before = extender["current"].cache.node_model(NODE)
+    fresh = restart(extender, kube, journal)
     after = fresh.cache.node_model(NODE)
     assert before is not None and after is not None
     assert [(d.index, d.free_milli, d.free_memory_mib) for d in after.gpus] == [
@@ -164,3 +178,31 @@ def test_restarted_extender_keeps_every_device_assignment(extender: dict[str, Ex
     placed = wait("frac-after-restart bound", lambda: bound(kube, "frac-after-restart"))
     used = usage_by_device(kube)
     assert devices(placed)[0]["index"] in used and all(m <= 1000 for m in used.values())
+
+
+def test_a_bind_answered_but_not_landed_before_a_restart_is_landed_by_the_next_extender(
+    extender: dict[str, Extender], kube: RestKube, journal: Path
+) -> None:
+    """The extender answered kube-scheduler's bind (which then keeps the pod assumed on its node
+    for good) and stopped before the Binding landed: the journal line it wrote first is all
+    that is left, and the next extender lands it. The pod names a scheduler nobody runs, so
+    only that journal line can bind it."""
+    body = pod("answered-then-restarted")
+    body["spec"]["schedulerName"] = "nobody"
+    create(kube, body)
+    uid = get(kube, "answered-then-restarted")["metadata"]["uid"]
+    wait("the watch has the pod", lambda: extender["current"].cache.pod(uid) is not None)
+
+    def answered_not_landed() -> None:
+        with journal.open("ab") as f:
+            line = {"uid": uid, "namespace": NS, "name": "answered-then-restarted", "node": NODE, "record": ""}
+            f.write(json.dumps(line).encode() + b"\n")
+
+    fresh = restart(extender, kube, journal, answered_not_landed)
+    assert (
+        wait("the journalled bind landed", lambda: bound(kube, "answered-then-restarted"))["spec"]["nodeName"] == NODE
+    )
+    assert fresh.landings is not None
+    wait(
+        "the journal has nothing open", lambda: fresh.landings is not None and fresh.landings.journal.open_count() == 0
+    )

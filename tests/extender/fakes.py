@@ -188,13 +188,14 @@ def leader(scores: dict[str, int]) -> str | None:
     return best[0] if len(best) == 1 else None
 
 
-def extender_on(nodes: list[JSON], pods: list[JSON]) -> Any:
+def extender_on(nodes: list[JSON], pods: list[JSON], **options: Any) -> Any:
     """An extender (no HTTP server) over a FakeKube holding `pods`, its cache listed with
-    `nodes` and `pods` and its target workload refreshed, as the periodic sweep would."""
+    `nodes` and `pods` and its target workload refreshed, as the periodic sweep would;
+    `options` are more of its `Options`."""
     from extender.app import Extender, Options  # here: the fakes load before the app in some tests
 
     kube = FakeKube()
-    extender = Extender(kube, Options(port=0))
+    extender = Extender(kube, Options(port=0, **options))
     extender.server.server_close()
     extender.cache.replace_nodes(nodes)
     for p in pods:
