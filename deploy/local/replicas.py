@@ -4,8 +4,8 @@
 mints each service account's token the way kubelet does for a pod (TokenRequest, written to a
 file a kubeconfig names with `tokenFile`, so both clients re-read it). A `Replica` is one pod:
 the kube-scheduler and extender containers' own commands, with the shipped configuration, run
-as processes with those tokens; only what a pod has to itself is moved (ports, and the
-kubeconfig that stands in for the in-cluster credentials). Kill one, start it again: a pod
+as processes with those tokens; only what a pod has to itself is moved (ports, the bind
+journal's emptyDir, and the kubeconfig that stands in for the in-cluster credentials). Kill one, start it again: a pod
 restart. Used by the manifest and failover tests and by `benchmarks/kwok_failover.py`.
 """
 
@@ -191,7 +191,10 @@ class Replica:
             "--scheduler-metrics-url=https://127.0.0.1:10259/metrics": (
                 f"--scheduler-metrics-url=https://127.0.0.1:{self.secure_port}/metrics"
             ),
+            # The pod's emptyDir: this replica's folder, empty at each start as a new pod's is.
+            "--bind-journal=/var/lib/phalanx/binds.jsonl": f"--bind-journal={self.folder / 'binds.jsonl'}",
         }
+        (self.folder / "binds.jsonl").unlink(missing_ok=True)
         command = containers["phalanx-extender"]["command"][1:]
         if not set(moved) <= set(command):
             raise InstallError(f"the shipped extender command changed: {command}")
