@@ -133,6 +133,7 @@ class Extender:
         self.notifier = notifier = Notifier(self.binder, lambda how: self.metrics.gang_wakeups.labels(how).inc())
         self.cache.on_pod_change(self._report_pod)
         self._synced = False  # see `synced`
+        self._sync_lock = threading.Lock()
         self._pods_moved = threading.Event()  # wakes the memos' catch-up (extender/memo.py)
         self.cache.on_pod_change(lambda old, new: self._pods_moved.set())
         self.cache.on_invalid_node(self._report_node)
@@ -620,9 +621,11 @@ class Extender:
         cleared (a relist replaces the cache's objects in one step), so once true it stays:
         every verb call and the catch-up ask."""
         if not self._synced and self._all_listed():
-            if self.landings is not None:  # before any verb answers: the binds a previous process answered
-                self.landings.resume_all()
-            self._synced = True
+            with self._sync_lock:  # one caller resumes; the others wait for it, then answer
+                if not self._synced:
+                    if self.landings is not None:  # the binds a previous process answered, counted first
+                        self.landings.resume_all()
+                    self._synced = True
         return self._synced
 
     def _all_listed(self) -> bool:
