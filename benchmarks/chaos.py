@@ -194,6 +194,9 @@ class ExtenderProcess:
         started = time.monotonic()
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         argv = [sys.executable, "-m", "extender", "--kubeconfig", str(self.kubeconfig), "--port", str(self.port)]
+        # As the chart runs it: single pods' binds answered once counted, journalled (kept across
+        # kills, as the pod's emptyDir keeps it across the container's restarts).
+        argv += ["--bind-journal", str(self.log.with_suffix(".binds"))]
         with self.log.open("ab") as out:
             out.write(f"\n=== chaos: start {self.starts} at {time.strftime('%H:%M:%S')}\n".encode())
             out.flush()
