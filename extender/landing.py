@@ -118,7 +118,14 @@ class Journal:
                             self._open[entry.uid] = entry
             except FileNotFoundError:
                 pass
-            self._rewrite()
+            except OSError as e:  # unreadable: what it held cannot be resumed; say so loudly
+                log.error("bind journal unreadable; binds it holds are not resumed", path=str(self.path), error=str(e))
+            try:
+                self._rewrite()
+            except OSError as e:  # `opened` then refuses: binds are answered when they land
+                log.error(
+                    "bind journal not writable; binds are answered when they land", path=str(self.path), error=str(e)
+                )
             return list(self._open.values())
 
     def opened(self, landing: Landing) -> None:

@@ -276,3 +276,16 @@ def test_a_gang_members_bind_is_answered_only_when_its_binding_landed(tmp_path: 
     assert ext.verbs.bind(args) == {"Error": ""}
     assert bound_to(ext, "g0") == planned  # landed before the answer
     ext.landings.journal.close()
+
+
+def test_a_journal_that_cannot_be_written_at_start_answers_binds_when_they_land(tmp_path: Path) -> None:
+    """A read-only or full volume: the extender starts, and every bind waits for its Binding."""
+    blocked = tmp_path / "a-file-not-a-directory"
+    blocked.write_text("")
+    ext: Extender = extender_on([node("n0", gpus=1)], [pod("p1", gpus=1)], bind_journal=blocked / "binds")
+    assert ext.landings is not None
+    kube_of(ext).fail_bind = True
+    assert "etcd on fire" in bind(ext, "p1", "n0")["Error"]
+    kube_of(ext).fail_bind = False
+    assert bind(ext, "p1", "n0") == {"Error": ""}
+    assert bound_to(ext, "p1") == "n0"
