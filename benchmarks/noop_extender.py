@@ -4,14 +4,13 @@ A stand-in for the Phalanx extender in `kwok_throughput --floor`: the same HTTP 
 (extender/server.py, its verbs' timing phases included) and the same Binding POST
 (extender/binder.py, through the same client; with `--bind-journal`, answered at once and landed
 in the background as Phalanx's single pods' binds are, extender/landing.py), with no work of
-its own: filter passes a pod
-requesting `nvidia.com/gpu` the first node it is offered (as Phalanx's `filter.sampleNodes: auto`
-does, so kube-scheduler skips prioritize for it) and any other pod every node (kube-scheduler's
-configuration sends those to prioritize only if they request a GPU resource, as for Phalanx:
-deploy/local/scheduler_config.py), prioritize scores nothing, preempt changes nothing. No cache,
-no watch, no devices, no gangs: the ratio it reaches is the most an extender on this server and
-this protocol could, on the same machine, and Phalanx's distance from it is what its own work
-costs.
+its own: filter passes a pod requesting `nvidia.com/gpu` the first node it is offered (as
+Phalanx's `filter.sampleNodes: auto` does, so kube-scheduler skips prioritize for it) and any
+other pod every node (kube-scheduler's configuration sends those to prioritize only if they
+request a GPU resource, as for Phalanx: deploy/local/scheduler_config.py), prioritize scores
+nothing, preempt changes nothing. No cache, no watch, no devices, no gangs: the ratio it reaches
+is the most an extender on this server and this protocol could, on the same machine, and
+Phalanx's distance from it is what its own work costs.
 
     python -m benchmarks.noop_extender --kubeconfig FILE --port N   (started by kwok_throughput)
 

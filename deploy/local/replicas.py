@@ -5,8 +5,9 @@ mints each service account's token the way kubelet does for a pod (TokenRequest,
 file a kubeconfig names with `tokenFile`, so both clients re-read it). A `Replica` is one pod:
 the kube-scheduler and extender containers' own commands, with the shipped configuration, run
 as processes with those tokens; only what a pod has to itself is moved (ports, the bind
-journal's emptyDir, and the kubeconfig that stands in for the in-cluster credentials). Kill one, start it again: a pod
-restart. Used by the manifest and failover tests and by `benchmarks/kwok_failover.py`.
+journal's emptyDir, and the kubeconfig that stands in for the in-cluster credentials). Kill one,
+start it again: a pod restart. Used by the manifest and failover tests and by
+`benchmarks/kwok_failover.py`.
 """
 
 from __future__ import annotations
