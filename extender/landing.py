@@ -148,6 +148,11 @@ class Journal:
     def open_count(self) -> int:
         return len(self._open)
 
+    def node_of(self, uid: str) -> str:
+        """The node an open landing of this pod goes to ("" when none is open)."""
+        landing = self._open.get(uid)  # one dict read: no lock needed
+        return landing.node if landing is not None else ""
+
     def close(self) -> None:
         with self._lock:
             if self._file is not None:
@@ -195,8 +200,7 @@ class Landings:
         self._land = land
         self._resume = resume
         self._counted = counted
-        self._lock = threading.Lock()
-        self._open: dict[str, Landing] = {}  # uid -> landing
+        self._lock = threading.Lock()  # `_pending` taken once
         self._queue: queue.SimpleQueue[tuple[Landing, int] | None] = queue.SimpleQueue()
         self._retries: list[tuple[float, int, Landing, int]] = []  # (due, tiebreak, landing, attempt)
         self._retry_cv = threading.Condition()
@@ -223,12 +227,12 @@ class Landings:
         self.journal.close()
 
     def node_of(self, uid: str) -> str:
-        """The node a landing of this pod is under way to ("" when none is)."""
-        landing = self._open.get(uid)
-        return landing.node if landing is not None else ""
+        """The node a landing of this pod is under way to ("" when none is): the journal's
+        open landings are the ones under way (and, until `resume_all`, a previous process's)."""
+        return self.journal.node_of(uid)
 
     def in_flight(self) -> int:
-        return len(self._open)
+        return self.journal.open_count()
 
     def begin(self, landing: Landing) -> bool:
         """Journal `landing` and set it landing; False (nothing recorded) when the journal
@@ -239,8 +243,6 @@ class Landings:
             log.warning("bind journal not written; answering when the Binding lands", error=str(e))
             self._counted("journal-failed")
             return False
-        with self._lock:
-            self._open[landing.uid] = landing
         self._queue.put((landing, 0))
         return True
 
@@ -259,8 +261,6 @@ class Landings:
             if not still:
                 self.journal.ended(landing.uid)
                 continue
-            with self._lock:
-                self._open[landing.uid] = landing
             self._queue.put((landing, 0))
             resumed += 1
         if resumed:
@@ -279,8 +279,6 @@ class Landings:
                 log.exception("bind landing try failed", pod=landing.key, error=str(e))
                 settled = False
             if settled:
-                with self._lock:
-                    self._open.pop(landing.uid, None)
                 self.journal.ended(landing.uid)
                 self._counted("landed" if attempt == 0 else "landed-after-retry")
             else:
