@@ -192,6 +192,17 @@ ALERTS = (
         "Binds are refused or failing ({{ $value }} / s) for 10 minutes.",
     ),
     Alert(
+        "PhalanxBindsNotLanding",
+        # A bind answered before its Binding landed (extender/landing.py) is retried every 10 s
+        # until it lands; kube-scheduler holds the pod as assumed meanwhile and never asks again.
+        # Retries that go on for 15 minutes mean kube-apiserver refuses them or cannot be reached.
+        'sum(rate(phalanx_extender_outcomes_total{verb="bind-landing",outcome="retried"}[10m])) > 0',
+        "15m",
+        "warning",
+        "Binds answered to kube-scheduler have not landed for 15 minutes: their Bindings are retried "
+        "({{ $value }} / s); the extender's log names each pod and kube-apiserver's answer.",
+    ),
+    Alert(
         "PhalanxFragmentationHigh",
         "max by (pool, model) (phalanx_gpu_fragmentation_ratio) > 0.5",
         "30m",

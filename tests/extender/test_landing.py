@@ -182,6 +182,9 @@ def test_a_binding_that_fails_is_retried_and_its_devices_stay_counted(ext: Exten
     assert bind(ext, "p1", "n0") == {"Error": ""}
     eventually(lambda: sum(1 for c in kube_of(ext).calls if c[1].endswith("/p1/binding")) >= 6, "two tries")
     assert bound_to(ext, "p1") == ""
+    # What the PhalanxBindsNotLanding alert reads (deploy/monitoring.py), by its exact name and labels.
+    retried = {"verb": "bind-landing", "outcome": "retried"}
+    assert (ext.metrics.registry.get_sample_value("phalanx_extender_outcomes_total", retried) or 0) >= 1
     # kube-scheduler counts p1 on n0: so does Phalanx, and the next pod is not offered its GPU.
     assert ext.verbs.filter({"Pod": kube_of(ext).pods["default/p2"], "NodeNames": ["n0"]})["NodeNames"] == []
     assert "no longer fits" in bind(ext, "p2", "n0")["Error"]
