@@ -231,9 +231,6 @@ class Landings:
         open landings are the ones under way (and, until `resume_all`, a previous process's)."""
         return self.journal.node_of(uid)
 
-    def in_flight(self) -> int:
-        return self.journal.open_count()
-
     def begin(self, landing: Landing) -> bool:
         """Journal `landing` and set it landing; False (nothing recorded) when the journal
         cannot take it: the caller answers the bind when it lands instead."""

@@ -273,7 +273,7 @@ def test_a_gang_members_bind_is_answered_only_when_its_binding_landed(tmp_path: 
     kube_of(ext).fail_bind = True
     args = {"PodNamespace": "default", "PodName": "g0", "PodUID": "uid-g0", "Node": planned}
     assert "etcd on fire" in ext.verbs.bind(args)["Error"]
-    assert ext.landings is not None and ext.landings.in_flight() == 0
+    assert ext.landings is not None and ext.landings.journal.open_count() == 0
     assert ext.cache.assumed("uid-g0") is not None
     kube_of(ext).fail_bind = False
     assert ext.verbs.bind(args) == {"Error": ""}
