@@ -6,8 +6,9 @@ A stand-in for the Phalanx extender in `kwok_throughput --floor`: the same HTTP 
 in the background as Phalanx's single pods' binds are, extender/landing.py), with no work of
 its own: filter passes a pod requesting `nvidia.com/gpu` the first node it is offered (as
 Phalanx's `filter.sampleNodes: auto` does, so kube-scheduler skips prioritize for it) and any
-other pod every node (kube-scheduler's configuration sends those to prioritize only if they
-request a GPU resource, as for Phalanx: deploy/local/scheduler_config.py), prioritize scores
+other pod the first 100 it is offered (as that setting cuts them; kube-scheduler's
+configuration sends those to prioritize only if they request a GPU resource, as for Phalanx:
+deploy/local/scheduler_config.py), prioritize scores
 nothing, preempt changes nothing. No cache, no watch, no devices, no gangs: the ratio it reaches
 is the most an extender on this server and this protocol could, on the same machine, and
 Phalanx's distance from it is what its own work costs.
@@ -37,6 +38,7 @@ from extender.metrics import Metrics
 from extender.server import Server
 
 GPU = "nvidia.com/gpu"
+CPU_SAMPLE = 100  # as Phalanx's `filter.sampleNodes: auto` cuts a pod without GPUs (extender/config.py)
 
 
 def wants_gpu(pod: dict[str, Any]) -> bool:
@@ -50,7 +52,7 @@ def wants_gpu(pod: dict[str, Any]) -> bool:
 
 def filter_verb(args: dict[str, Any]) -> dict[str, Any]:
     names = wire.node_names(args)  # malformed requests get Phalanx's 400s, not an internal error
-    passed = names[:1] if wants_gpu(wire.check_pod(args.get("Pod"))) else names
+    passed = names[:1] if wants_gpu(wire.check_pod(args.get("Pod"))) else names[:CPU_SAMPLE]
     return {"NodeNames": passed, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
 
 

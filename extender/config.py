@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from extender.scoring import sample_size
+from extender.scoring import MIN_SAMPLE, sample_size
 from solver import PlacementMode, SolverParams, UnlabeledNodes
 
 CONFIGMAP_NAME = "phalanx-config"
@@ -393,13 +393,14 @@ class FilterConfig(_Strict):
         "auto: a GPU pod gets the one node Phalanx ranks best among those kube-scheduler offered (its packing "
         "and fragmentation scores decide; kube-scheduler then skips its Score plugins and prioritize, which "
         "halves the extender calls), a pod without GPUs keeps the nodes Phalanx ranks first for it (where it "
-        "strands the fewest GPUs; all when none stands out), at most as many as kube-scheduler's own default "
-        "would score (all below 100 nodes, 420 of 1,000, 500 of 5,000), for kube-scheduler's scores to choose "
-        "among; all: no cut, every GPU pod scored by kube-scheduler and prioritize too (pods without GPUs keep "
-        "every node Phalanx ranks first); N: at most N for GPU pods, pods without GPUs keep kube-scheduler's "
-        "count. Pods with preferences kube-scheduler scores (preferred "
-        "node or pod affinity, ScheduleAnyway spread) keep every node. A single GPU pod offered one node has its "
-        "devices counted from that filter's reply until its bind (30 s at most), so the next pod sees them taken.",
+        "strands the fewest GPUs; all when none stands out), at most 100: the fewest kube-scheduler itself ever "
+        "scores (its minFeasibleNodesToFind; its own default scores 420 of 1,000 nodes, 500 of 5,000), for "
+        "kube-scheduler's scores to choose among; all: no cut, every GPU pod scored by kube-scheduler and "
+        "prioritize too (pods without GPUs keep every node Phalanx ranks first); N: at most N for GPU pods, pods "
+        "without GPUs keep kube-scheduler's count (or N, when more). Pods with preferences kube-scheduler scores "
+        "(preferred node or pod affinity, ScheduleAnyway spread) keep every node. A single GPU pod offered one "
+        "node has its devices counted from that filter's reply until its bind (30 s at most), so the next pod "
+        "sees them taken.",
     )
 
     def size(self, nodes: int, *, gpu: bool = True) -> int:
@@ -407,8 +408,8 @@ class FilterConfig(_Strict):
         if self.sample_nodes == "all":
             return nodes
         count = sample_size(nodes)
-        if not gpu:
-            return count if self.sample_nodes == "auto" else max(self.sample_nodes, count)
+        if not gpu:  # kube-scheduler's Score over 100 nodes, not 420 of 1,000: 0.1 ms less per pod on its cycle
+            return min(count, MIN_SAMPLE) if self.sample_nodes == "auto" else max(self.sample_nodes, count)
         return 1 if self.sample_nodes == "auto" else self.sample_nodes
 
 
