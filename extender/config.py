@@ -397,7 +397,7 @@ class FilterConfig(_Strict):
         "scores (its minFeasibleNodesToFind; its own default scores 420 of 1,000 nodes, 500 of 5,000), for "
         "kube-scheduler's scores to choose among; all: no cut, every GPU pod scored by kube-scheduler and "
         "prioritize too (pods without GPUs keep every node Phalanx ranks first); N: at most N for GPU pods, pods "
-        "without GPUs keep kube-scheduler's count (or N, when more). Pods with preferences kube-scheduler scores "
+        "without GPUs as auto cuts them (or N, when more). Pods with preferences kube-scheduler scores "
         "(preferred node or pod affinity, ScheduleAnyway spread) keep every node. A single GPU pod offered one "
         "node has its devices counted from that filter's reply until its bind (30 s at most), so the next pod "
         "sees them taken.",
@@ -408,8 +408,9 @@ class FilterConfig(_Strict):
         if self.sample_nodes == "all":
             return nodes
         count = sample_size(nodes)
-        if not gpu:  # kube-scheduler's Score over 100 nodes, not 420 of 1,000: 0.1 ms less per pod on its cycle
-            return min(count, MIN_SAMPLE) if self.sample_nodes == "auto" else max(self.sample_nodes, count)
+        if not gpu:  # kube-scheduler scores 100 nodes, not 420 of 1,000: ~0.4 ms less of its cycle per such pod
+            fewest = min(count, MIN_SAMPLE)
+            return fewest if self.sample_nodes == "auto" else max(self.sample_nodes, fewest)
         return 1 if self.sample_nodes == "auto" else self.sample_nodes
 
 
