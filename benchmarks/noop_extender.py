@@ -35,10 +35,10 @@ from extender.binder import Binder
 from extender.kube import ApiError, RestKube
 from extender.landing import Journal, Landing, Landings
 from extender.metrics import Metrics
+from extender.scoring import MIN_SAMPLE
 from extender.server import Server
 
 GPU = "nvidia.com/gpu"
-CPU_SAMPLE = 100  # as Phalanx's `filter.sampleNodes: auto` cuts a pod without GPUs (extender/config.py)
 
 
 def wants_gpu(pod: dict[str, Any]) -> bool:
@@ -52,7 +52,8 @@ def wants_gpu(pod: dict[str, Any]) -> bool:
 
 def filter_verb(args: dict[str, Any]) -> dict[str, Any]:
     names = wire.node_names(args)  # malformed requests get Phalanx's 400s, not an internal error
-    passed = names[:1] if wants_gpu(wire.check_pod(args.get("Pod"))) else names[:CPU_SAMPLE]
+    # As `filter.sampleNodes: auto` cuts them (the names offered never outnumber the nodes).
+    passed = names[:1] if wants_gpu(wire.check_pod(args.get("Pod"))) else names[:MIN_SAMPLE]
     return {"NodeNames": passed, "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""}
 
 
